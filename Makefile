@@ -1,0 +1,44 @@
+# make demo | make test | make bench | make docs     (each creates .venv on first use)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_DISABLE_TELEMETRY ?= 1
+
+.PHONY: demo test test-fast bench docs lint experiments clean
+
+# torch is pinned in the same pip command as everything else: this machine has a CPU wheel of 2.13.0 on disk, and an
+# unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" -e ".[dev,docs]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hf-stable demo --output_dir demo_output
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check hf_stable tests experiments benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/import_time.py
+	$(BIN)/python benchmarks/sft_overhead.py
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+experiments: $(STAMP)
+	$(BIN)/python experiments/sft_capability_continuum.py
+	$(BIN)/python experiments/redi_alpha.py
+
+clean:
+	rm -rf demo_output site .pytest_cache

@@ -1,0 +1,1 @@
+"""The `hf-stable` command line."""

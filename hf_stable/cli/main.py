@@ -1,0 +1,57 @@
+"""`hf-stable`: the console script.
+
+```bash
+hf-stable sft --config examples/configs/sft_prob.yaml [--accelerate_config ddp|zero2|zero3|fsdp2]
+hf-stable demo [--output_dir demo_output]
+hf-stable list [--family sft_objective]
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+TRAINING_COMMANDS = {"sft": "SFT with hf_stable objectives (StableSFTTrainer); --help lists every flag"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-stable", description="Stable post-training on top of TRL.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in TRAINING_COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    demo = sub.add_parser("demo", help="End-to-end demo on the bundled tiny model (minutes on a CPU)")
+    demo.add_argument("--output_dir", default="demo_output")
+    demo.add_argument("--quick", action="store_true", help="A shorter run (for smoke tests)")
+    listing = sub.add_parser("list", help="List the registered methods by family")
+    listing.add_argument("--family", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command in TRAINING_COMMANDS:
+        from .launch import run_training_command
+
+        return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "demo":
+        from .demo import run_demo
+
+        run_demo(args.output_dir, quick=args.quick)
+        return 0
+    if args.command == "list":
+        from ..registry import list_methods
+
+        list_methods(args.family)
+        return 0
+    parser.print_help()
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

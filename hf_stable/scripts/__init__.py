@@ -1,0 +1,1 @@
+"""Training scripts launched by `hf-stable <command>` through `accelerate launch`."""

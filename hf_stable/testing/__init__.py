@@ -1,0 +1,27 @@
+"""Offline tiny-model kit and synthetic tasks with verifiers (tests, the demo, examples and experiments).
+
+```python
+from hf_stable.testing import build_tiny_model, arithmetic_dataset, arithmetic_reward
+model, tokenizer = build_tiny_model(save_dir="tiny")          # nothing downloads
+train = arithmetic_dataset(2000, seed=0)                     # prompt / completion / answer
+```
+"""
+
+from .tasks import (
+    arithmetic_dataset,
+    arithmetic_preference_dataset,
+    arithmetic_reward,
+    evaluate_completions,
+)
+from .tiny import CHAT_TEMPLATE, build_tiny_model, build_tiny_tokenizer
+
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "arithmetic_dataset",
+    "arithmetic_preference_dataset",
+    "arithmetic_reward",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "evaluate_completions",
+]

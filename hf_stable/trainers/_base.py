@@ -1,0 +1,106 @@
+"""What every hf_stable trainer shares: state that survives checkpoints and resume.
+
+A trainer keeps what it learns while training (multipliers, probe results, adaptive weights) in
+``_stable_state()``; it is written into each ``checkpoint-N`` folder next to the optimizer state and read back by
+``train(resume_from_checkpoint=...)`` before the loop starts, so a resumed run continues exactly where it stopped.
+Tensors go to safetensors (never pickle), the rest to JSON; both are written atomically.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+
+logger = logging.getLogger(__name__)
+
+STATE_TENSORS = "hf_stable_state.safetensors"
+STATE_JSON = "hf_stable_state.json"
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def save_stable_state(folder: str, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    os.makedirs(folder, exist_ok=True)
+    if tensors:
+        tmp = os.path.join(folder, STATE_TENSORS + ".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp)
+        os.replace(tmp, os.path.join(folder, STATE_TENSORS))
+    write_json_atomic(os.path.join(folder, STATE_JSON), meta)
+
+
+def load_stable_state(folder: str) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """The state saved in ``folder``, or ``None`` when the folder holds no hf_stable state."""
+    meta_path = os.path.join(folder, STATE_JSON)
+    if not os.path.isfile(meta_path):
+        return None
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    tensor_path = os.path.join(folder, STATE_TENSORS)
+    tensors = load_file(tensor_path) if os.path.isfile(tensor_path) else {}
+    return tensors, meta
+
+
+class TokenFreeConfigMixin:
+    """Mix into a `TrainingArguments` subclass: pickles (`training_args.bin`, which `Trainer` writes at every save)
+    never contain `hub_token`. Deep copies keep it."""
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if state.get("hub_token") is not None:
+            state["hub_token"] = None
+        return state
+
+    def __deepcopy__(self, memo):
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class StableStateMixin:
+    """Mix into a `transformers.Trainer` subclass (before the TRL trainer in the bases)."""
+
+    def _stable_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """``(tensors, json_meta)`` to checkpoint; override in trainers that learn state."""
+        return {}, {}
+
+    def _load_stable_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what ``_stable_state`` returned."""
+
+    def _save_checkpoint(self, model, trial):
+        # Written before the parent saves (and possibly pushes) the checkpoint folder, so the push includes it.
+        if self.args.should_save:
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            save_stable_state(folder, *self._stable_state())
+        super()._save_checkpoint(model, trial)
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the parent raises its own error
+        if isinstance(checkpoint, (str, os.PathLike)):
+            saved = load_stable_state(os.fspath(checkpoint))
+            if saved is None:
+                logger.warning(f"{checkpoint} holds no hf_stable state ({STATE_JSON}); learned state starts afresh.")
+            else:
+                self._load_stable_state(*saved)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+            **kwargs,
+        )
