@@ -11,6 +11,7 @@ objective, is applied by rescaling the accumulated gradients once at the end of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -402,9 +403,8 @@ class StableSFTTrainer(StableStateMixin, SFTTrainer):
         from transformers import TrainingArguments
 
         if isinstance(args, TrainingArguments):  # an SFTConfig or plain TrainingArguments: keep every value
-            values = args.to_dict()
-            values["hub_token"] = args.hub_token  # to_dict hides it
-            return StableSFTConfig(**values)
+            # not `to_dict()`, which masks every `*_token` field (eos_token, hub_token, ...) with a placeholder
+            return StableSFTConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
         raise TypeError(
             f"`args` must be a StableSFTConfig, SFTConfig or TrainingArguments, got {type(args).__name__}."
         )

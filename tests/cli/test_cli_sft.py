@@ -1,0 +1,122 @@
+"""`hf-stable`: the console script, the YAML config path, the shipped accelerate configs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from hf_stable.cli.launch import ACCELERATE_CONFIGS, resolve_accelerate_config
+from hf_stable.cli.main import main
+from hf_stable.testing import arithmetic_dataset
+
+
+CONFIG = """\
+model_name_or_path: {model}
+dataset_name: {data}
+output_dir: {out}
+sft_objective: prob_power
+objective_alpha: 1.0
+max_steps: 3
+per_device_train_batch_size: 4
+learning_rate: 0.01
+max_length: 32
+save_strategy: "no"
+report_to: none
+gradient_checkpointing: false
+use_cpu: true
+bf16: false
+"""
+
+
+def _console_script():
+    return os.path.join(os.path.dirname(sys.executable), "hf-stable")
+
+
+def _write_config(tmp_path, tiny_model_dir):
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as f:
+        for row in arithmetic_dataset(16, seed=2):
+            f.write(json.dumps(row) + "\n")
+    config = tmp_path / "sft.yaml"
+    out = tmp_path / "out"
+    config.write_text(CONFIG.format(model=tiny_model_dir, data=data, out=out))
+    return config, out
+
+
+def _run(args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([_console_script(), *args], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_sft_from_yaml_trains_and_writes_card(tmp_path, tiny_model_dir):
+    config, out = _write_config(tmp_path, tiny_model_dir)
+    _run(["sft", "--config", str(config)])
+    trained = load_file(str(out / "model.safetensors"))
+    initial = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert any((trained[k] != initial[k]).any() for k in initial), "the weights did not change"
+    card = (out / "README.md").read_text()
+    assert "hf_stable" in card and "StableSFTTrainer" in card and "prob_power(alpha=1)" in card
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sft_with_shipped_ddp_config(tmp_path, tiny_model_dir):
+    """`--accelerate_config ddp` resolves to the packaged YAML and runs two processes (gloo on a CPU box)."""
+    config, out = _write_config(tmp_path, tiny_model_dir)
+    result = _run(
+        [
+            "sft",
+            "--config",
+            str(config),
+            "--accelerate_config",
+            "ddp",
+            "--main_process_port",
+            "29642",
+            "--ddp_find_unused_parameters",
+            "false",
+        ]
+    )
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert "Model and card saved" in result.stdout + result.stderr
+
+
+def test_help_lists_hf_stable_flags(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["sft", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "--sft_objective" in text and "--synthetic_dataset" in text and "--learning_rate" in text
+
+
+def test_bad_flag_fails_before_launch(tmp_path, tiny_model_dir):
+    config, _ = _write_config(tmp_path, tiny_model_dir)
+    with pytest.raises(ValueError, match="objective_alpha"):
+        main(["sft", "--config", str(config), "--objective_alpha", "-2"])
+
+
+def test_list_command(capsys):
+    assert main(["list", "--family", "sft_objective"]) == 0
+    assert "prob_power" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ACCELERATE_CONFIGS)
+def test_shipped_accelerate_configs_resolve(name):
+    import yaml
+
+    args = resolve_accelerate_config(["--num_processes", "2", "--accelerate_config", name])
+    assert args[0] == "--config_file" and args[2:] == ["--num_processes", "2"]
+    assert yaml.safe_load(open(args[1]))["distributed_type"] in ("MULTI_GPU", "DEEPSPEED", "FSDP")
+
+
+def test_accelerate_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="ddp, zero2, zero3, fsdp2"):
+        resolve_accelerate_config(["--accelerate_config", "zero4"])
+    path = tmp_path / "mine.yaml"
+    path.write_text("distributed_type: NO\n")
+    assert resolve_accelerate_config(["--accelerate_config", str(path)]) == ["--config_file", str(path)]

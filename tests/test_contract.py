@@ -1,0 +1,170 @@
+"""Contract test: every private TRL / transformers / accelerate hook hf_stable relies on, exercised for real.
+
+TRL and transformers rename private methods between releases (`_get_per_token_logps` became
+`_get_per_token_logps_and_entropies`). When an upgrade breaks one of these, the failure names the hook instead of
+surfacing as a wrong loss somewhere downstream. One test per hook; a hook used by a later family is added here with it.
+"""
+
+import inspect
+
+import pytest
+import torch
+from sft_helpers import STEP_ARGS
+from transformers import Trainer
+from trl import SFTTrainer
+
+from hf_stable import StableSFTConfig, StableSFTTrainer
+from hf_stable.testing import arithmetic_dataset, build_tiny_model
+
+
+def _params(fn):
+    return list(inspect.signature(fn).parameters)
+
+
+def _contract(hook: str, ok: bool, detail: str = ""):
+    assert ok, f"The private hook `{hook}` hf_stable relies on has changed. {detail}"
+
+
+class _Recorder(StableSFTTrainer):
+    """Records what the loop hands to the hooks (a subclass, not a mock: the real loop runs)."""
+
+    events: list
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self.events.append(("batches", len(batches), num_items))
+        return batches, num_items
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.events.append(("step", self.accelerator.sync_gradients, self.current_gradient_accumulation_steps))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    model, tokenizer = build_tiny_model(seed=0)
+    args = StableSFTConfig(
+        output_dir=str(tmp_path_factory.mktemp("contract")),
+        **{**STEP_ARGS, "max_steps": 2, "save_strategy": "steps", "save_steps": 1},
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=3,
+        sft_objective="prob_power",
+    )
+    trainer = _Recorder(model=model, args=args, train_dataset=arithmetic_dataset(12), processing_class=tokenizer)
+    trainer.events = []
+    trainer.train()
+    return trainer
+
+
+def test_fused_lm_head_outputs(trained):
+    """`trl.trainer.utils.add_fused_lm_head`: `model(..., fused_lm_head=True)` returns per-target log-probs etc."""
+    batch = trained._prepare_inputs(trained.data_collator([trained.train_dataset[i] for i in range(3)]))
+    out = trained.model(**batch, fused_lm_head=True)
+    for field in ("log_probs", "entropy", "is_top1", "label_mask"):
+        _contract("FusedCausalLMOutput", getattr(out, field, None) is not None, f"missing field {field!r}")
+    targets = batch["labels"][:, 1:] != -100
+    _contract(
+        "FusedCausalLMOutput.label_mask",
+        torch.equal(out.label_mask.bool(), targets),
+        "label_mask must mark the shifted labels that are not -100",
+    )
+    _contract(
+        "FusedCausalLMOutput.log_probs",
+        bool((out.log_probs[~targets] == 0).all()),
+        "log_probs must be zero at ignored positions",
+    )
+
+
+def test_get_batch_samples_sees_the_whole_step(trained):
+    """`Trainer.get_batch_samples(epoch_iterator, num_batches, device)` returns every micro-batch of an optimizer step
+    before the first forward: hf_stable's step-wide denominators are computed there."""
+    _contract(
+        "Trainer.get_batch_samples",
+        _params(Trainer.get_batch_samples)[1:] == ["epoch_iterator", "num_batches", "device"],
+    )
+    batches = [e for e in trained.events if e[0] == "batches"]
+    _contract("Trainer.get_batch_samples", [b[1] for b in batches] == [3, 3], f"got {batches}")
+
+
+def test_sync_gradients_marks_last_micro_batch(trained):
+    """`accelerator.sync_gradients` is True exactly on the last micro-batch of each step (end-of-step rescale and
+    dual updates run there), and `current_gradient_accumulation_steps` holds the step's micro-batch count."""
+    steps = [e for e in trained.events if e[0] == "step"]
+    _contract("Accelerator.sync_gradients", [s[1] for s in steps] == [False, False, True] * 2, f"got {steps}")
+    _contract("Trainer.current_gradient_accumulation_steps", all(s[2] == 3 for s in steps), f"got {steps}")
+
+
+def test_loss_is_scaled_for_ga_is_honoured():
+    """`Trainer.loss_is_scaled_for_ga` (transformers >= 5.19): True means the loss is used as returned."""
+    _contract("Trainer.loss_is_scaled_for_ga", hasattr(Trainer, "loss_is_scaled_for_ga"))
+    source = inspect.getsource(Trainer.training_step)
+    _contract(
+        "Trainer.training_step",
+        "self.loss_is_scaled_for_ga" in source,
+        "training_step no longer reads loss_is_scaled_for_ga",
+    )
+
+
+def test_trainer_method_signatures():
+    expected = {
+        "training_step": ["model", "inputs", "num_items_in_batch"],
+        "compute_loss": ["model", "inputs", "return_outputs", "num_items_in_batch"],
+        "_save_checkpoint": ["model", "trial"],
+        "_get_train_sampler": ["train_dataset"],
+        "_prepare_inputs": ["inputs"],
+        "_get_output_dir": ["trial"],
+        "train": ["resume_from_checkpoint", "trial", "ignore_keys_for_eval"],
+    }
+    for name, params in expected.items():
+        got = _params(getattr(Trainer, name))[1:]
+        _contract(f"Trainer.{name}", got[: len(params)] == params, f"signature is now {got}")
+    for name in ("get_tp_size", "get_cp_size", "get_sp_size"):
+        _contract(f"Trainer.{name}", callable(getattr(Trainer, name, None)))
+
+
+def test_sft_trainer_internals(trained):
+    got = _params(SFTTrainer._prepare_dataset)[1:]
+    _contract(
+        "SFTTrainer._prepare_dataset",
+        got == ["dataset", "processing_class", "args", "packing", "formatting_func", "dataset_name"],
+        f"signature is now {got}",
+    )
+    _contract(
+        "SFTTrainer._set_signature_columns_if_needed",
+        "hf_stable_index" in trained._signature_columns,
+        "the signature-column list no longer accepts extra per-example columns",
+    )
+    for attr in ("_metrics", "_total_train_tokens", "_tp_size", "aux_loss_enabled", "router_aux_loss_coef"):
+        _contract(f"SFTTrainer.{attr}", hasattr(trained, attr))
+    _contract("SFTTrainer._metrics", isinstance(trained._metrics["train"]["mean_p"], list))
+    card_params = _params(SFTTrainer.create_model_card)[1:]
+    _contract("SFTTrainer.create_model_card", card_params == ["model_name", "dataset_name", "tags"], str(card_params))
+
+
+def test_checkpoint_layout(trained):
+    """`Trainer._save_checkpoint` writes `checkpoint-<step>` under `_get_output_dir(trial)`; hf_stable adds its state
+    there, and `training_args.bin` is the pickled args (what `TokenFreeConfigMixin` guards)."""
+    import os
+
+    folder = os.path.join(trained.args.output_dir, "checkpoint-1")
+    for name in ("hf_stable_state.json", "trainer_state.json", "training_args.bin"):
+        _contract("Trainer._save_checkpoint", os.path.isfile(os.path.join(folder, name)), f"no {name} in {folder}")
+
+
+def test_trl_parser_and_accelerate_launcher():
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from trl import TrlParser
+
+    got = _params(TrlParser.parse_args_and_config)[1:]
+    _contract(
+        "TrlParser.parse_args_and_config",
+        got[:4] == ["args", "return_remaining_strings", "fail_with_unknown_args", "separate_remaining_strings"],
+        str(got),
+    )
+    parsed = launch_command_parser().parse_args(["--num_processes", "2", "script.py", "--x", "1"])
+    _contract(
+        "accelerate launch_command_parser",
+        parsed.training_script == "script.py"
+        and parsed.training_script_args == ["--x", "1"]
+        and callable(launch_command),
+    )
