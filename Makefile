@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sft_overhead.py
 
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/sft_capability_continuum.py

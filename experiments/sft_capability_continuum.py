@@ -365,8 +365,8 @@ def interpretation(agg: dict, probes: dict, crit: dict) -> str:
     lines = [
         f"On MS (noisy supervision of a known task) NLL moves clean exact match from {em['MS']['base']:.3f} to "
         f"{em['MS']['nll']:.3f}, -p to {em['MS']['-p']:.3f} and -p^10 to {em['MS']['-p^10']:.3f}; mean p on the "
-        f"clean answers is {ms['nll']['mean_p']['mean']:.3f} (NLL) vs {ms['-p^10']['mean_p']['mean']:.3f} (-p^10), "
-        "i.e. NLL is the objective that absorbs the noise.",
+        f"clean answers is {ms['nll']['mean_p']['mean']:.3f} (NLL), {ms['-p']['mean_p']['mean']:.3f} (-p) and "
+        f"{ms['-p^10']['mean_p']['mean']:.3f} (-p^10).",
         f"On MW (new task) NLL reaches {em['MW']['nll']:.3f} exact match while -p^10 reaches {em['MW']['-p^10']:.3f} "
         f"(relative parameter change {mw['nll']['param_change']['mean']:.3g} vs "
         f"{mw['-p^10']['param_change']['mean']:.3g}); -p is at {em['MW']['-p']:.3f}.",

@@ -34,7 +34,7 @@ def test_chat_template_marks_assistant_tokens():
 
 
 def test_model_saves_and_reloads_offline(tmp_path):
-    model, tokenizer = build_tiny_model(save_dir=tmp_path, seed=3)
+    model, _ = build_tiny_model(save_dir=tmp_path, seed=3)
     assert (tmp_path / "model.safetensors").is_file()
     assert not list(tmp_path.glob("*.bin"))  # safetensors only
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)

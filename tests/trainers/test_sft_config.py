@@ -131,7 +131,7 @@ def test_cli_parser_help_and_yaml_values(tmp_path):
         "model_name_or_path: x\noutput_dir: o\nuse_cpu: true\nbf16: false\nsft_objective: threshold\n"
         "threshold_quantile: 0.2\nauto_rule: '{\"strong_median\": 0.8}'\nfl_resilient_rho: null\n"
     )
-    script_args, args, model_args, _ = parser.parse_args_and_config(["--config", str(config)])
+    _, args, _, _ = parser.parse_args_and_config(["--config", str(config)])
     assert args.sft_objective == "threshold" and args.threshold_quantile == 0.2
     assert args.auto_rule == {"strong_median": 0.8} and args.fl_resilient_rho is None
     with pytest.raises(ValueError, match="objective_alpha"):

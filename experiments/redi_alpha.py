@@ -1,0 +1,508 @@
+"""E-A2 "REDI negative weight": how the weight α of the negative term changes REDI's stage 2 (arXiv 2505.24850).
+
+Claim (spec `sft_and_adapters.md` §2.2.5). REDI's stage-2 loss is `-ℓ̄(y⁺) + α·ℓ̄(y⁻)` with `ℓ̄` the length-normalised
+log-likelihood. The negative term is unbounded below, so at α = c⁺ = 1 it drags the positives' log-likelihood down
+with it (instability); α ∈ [0.5, 0.8] keeps the stage-1 accuracy; α = 0 is plain (length-normalised) continued SFT.
+
+Design.
+* Task: 2-digit addition with a written carry trace, one char per token (`hf_stable.testing` tiny Llama, hidden 64,
+  2 layers, ~80k parameters). Prompt `47+85=`, completion `7+5=12,4+8+1=13:132`: one step per column, least
+  significant first, `a+b(+carry_in)=` followed by the two-digit column sum (carry out, digit), then `:` and the
+  three-digit answer. Operands are zero padded, so every completion has 19 characters (+ eos).
+* Positives: correct traces. Negatives: the same prompt with ONE corrupted carry step: a uniformly chosen column
+  writes the flipped carry out (`7+5=02`), the following steps are computed consistently from that wrong carry, so
+  the answer is always wrong (`7+5=02,4+8+0=12:122`). Positive and negative share the prefix before the corruption.
+* Split: the 10,000 problems are split once (split seed 1234, independent of the run seed) into 500 test prompts
+  and a training pool. Per seed: stage-1 positives, stage-2 pairs (from the same pool, as REDI builds both stages
+  from one prompt set) and the held-out pair set (test prompts, for log-prob trajectories) are drawn with that seed;
+  the seed also sets the weight init and the data order.
+* Stage 1: NLL SFT on positives from a random init (`StableSFTTrainer` with defaults = TRL's SFT), LR 3e-3, linear
+  schedule, warmup 0.1, weight decay 1e-4 (the paper's recipe shape, LR scaled for a tiny model). The checkpoint is
+  cached per seed and sizes under `experiments/cache/redi_alpha/`.
+* Stage 2 from the stage-1 checkpoint: `sequence_objective="redi"`, `redi_pos_weight=1`, `redi_neg_weight=α` for
+  α ∈ {0, 0.5, 0.8, 1.0}, pair data (`prompt`/`chosen`/`rejected`, default `redi_reduction="pair"`), LR = stage-1
+  LR / 10 = 3e-4 (spec's 10× smaller; fixed before the runs on seeds 0-2, see "LR decision" below), 1 epoch, linear,
+  warmup 0.1, weight decay 1e-4, 8 pairs per step.
+* Metrics: greedy exact match on the 500 test prompts, computed with `hf_stable.testing.evaluate_completions`
+  against the FULL expected completion (trace + answer must both be right), after stage 1 and after each arm;
+  mean per-token log-prob (completion + eos, the tokens REDI supervises) of positives and negatives of a fixed
+  held-out pair set every few stage-2 steps (the trainer's own `stable/sft/redi_pos_logp`/`redi_neg_logp`, which are
+  training-batch values, are stored too). Δ = value at the end of stage 2 − value at its start.
+* Seeds 0, 1, 2; mean ± sample std (ddof 1) over seeds; criteria are evaluated on the seed means and the number of
+  seeds where each one holds individually is reported alongside.
+* LR decision: before running seeds 0-2, one pilot run on seed 100 (not reported) checked only that the four arms'
+  held-out positive-log-prob trajectories are distinguishable at stage-2 LR 3e-4 (they were), so the spec's 10× ratio
+  was kept; no setting was changed after seeing seeds 0-2.
+
+Pass criteria (the spec's expectations; printed PASS/FAIL as measured):
+  (a) α = 1.0 lowers the held-out positive log-prob more than α = 0.5 and α = 0.8: mean Δpos(1.0) < mean Δpos(0.5)
+      and mean Δpos(1.0) < mean Δpos(0.8);
+  (b) α ∈ {0.5, 0.8} keep accuracy: mean EM(α) ≥ mean stage-1 EM − 0.02, for each of the two;
+  (c) α = 0 behaves like continued SFT: mean Δpos(0) ≥ 0.
+
+Command (about 5 minutes on one core, the first run trains and caches stage 1):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/redi_alpha.py
+Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/redi_alpha.py --quick --output_dir /tmp/redi_alpha_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+NAME = "redi_alpha"
+ALPHAS = (0.0, 0.5, 0.8, 1.0)
+SPLIT_SEED = 1234
+NUM_DIGITS = 2
+EM_TOLERANCE = 0.02
+ROOT = Path(__file__).resolve().parent
+POS_KEY, NEG_KEY = "stable/sft/redi_pos_logp", "stable/sft/redi_neg_logp"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_test: int = 500  # test prompts for exact match (also the held-out pair prompts)
+    num_heldout_pairs: int = 256  # fixed pair set of the log-prob trajectories
+    stage1_examples: int = 6000
+    stage1_epochs: int = 6
+    stage1_batch: int = 64
+    stage1_lr: float = 3e-3
+    stage2_pairs: int = 4000
+    stage2_batch: int = 16  # sequences per step = 8 pairs
+    stage2_lr_ratio: float = 0.1  # stage-2 LR = ratio * stage-1 LR
+    eval_every: int = 20  # stage-2 steps between held-out log-prob evaluations
+    logging_steps: int = 10
+    hidden_size: int = 64
+
+
+QUICK = Sizes(num_test=100, num_heldout_pairs=64, stage1_examples=1000, stage1_epochs=8, stage2_pairs=200,
+              eval_every=5, logging_steps=5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# task
+
+
+def carry_trace(a: int, b: int, flip: int | None = None) -> str:
+    """Written column addition of `a + b`, least significant column first; `flip` corrupts that column's carry out.
+
+    `carry_trace(47, 85)` = `7+5=12,4+8+1=13:132`; `carry_trace(47, 85, flip=0)` = `7+5=02,4+8+0=12:122`.
+    """
+    da = [a // 10**i % 10 for i in range(NUM_DIGITS)]
+    db = [b // 10**i % 10 for i in range(NUM_DIGITS)]
+    carry, steps, digits = 0, [], []
+    for i in range(NUM_DIGITS):
+        total = da[i] + db[i] + carry
+        carry_out, digit = total // 10, total % 10
+        if flip == i:
+            carry_out = 1 - carry_out
+        lhs = f"{da[i]}+{db[i]}" + (f"+{carry}" if i else "")
+        steps.append(f"{lhs}={carry_out}{digit}")
+        digits.append(digit)
+        carry = carry_out
+    return ",".join(steps) + ":" + str(carry) + "".join(str(d) for d in reversed(digits))
+
+
+def prompt_of(a: int, b: int) -> str:
+    return f"{a:0{NUM_DIGITS}d}+{b:0{NUM_DIGITS}d}="
+
+
+def split_problems(num_test: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(test, pool): a fixed split of all `NUM_DIGITS`-digit problems, independent of the run seed."""
+    problems = [(a, b) for a in range(10**NUM_DIGITS) for b in range(10**NUM_DIGITS)]
+    random.Random(SPLIT_SEED).shuffle(problems)
+    return problems[:num_test], problems[num_test:]
+
+
+def sft_rows(problems) -> list[dict]:
+    """Positives as `prompt`/`completion`; `answer` is the full expected completion (trace + answer)."""
+    return [{"prompt": prompt_of(a, b), "completion": carry_trace(a, b), "answer": carry_trace(a, b)}
+            for a, b in problems]
+
+
+def pair_rows(problems, rng: random.Random) -> list[dict]:
+    """REDI pairs: `chosen` = correct trace, `rejected` = one corrupted carry step (wrong answer)."""
+    rows = []
+    for a, b in problems:
+        rejected = carry_trace(a, b, flip=rng.randrange(NUM_DIGITS))
+        assert rejected != carry_trace(a, b) and rejected[-NUM_DIGITS - 1:] != str(a + b).zfill(NUM_DIGITS + 1)
+        rows.append({"prompt": prompt_of(a, b), "chosen": carry_trace(a, b), "rejected": rejected})
+    return rows
+
+
+def seed_data(seed: int, sizes: Sizes) -> dict:
+    """Per-seed datasets: stage-1 positives, stage-2 pairs, test set and held-out pairs."""
+    from datasets import Dataset
+
+    test, pool = split_problems(sizes.num_test)
+    rng = random.Random(seed)
+    stage1 = rng.sample(pool, sizes.stage1_examples)
+    stage2 = rng.sample(pool, sizes.stage2_pairs)
+    heldout = rng.sample(test, sizes.num_heldout_pairs)
+    return {
+        "stage1": Dataset.from_list(sft_rows(stage1)),
+        "stage2": Dataset.from_list(pair_rows(stage2, rng)),
+        "test": Dataset.from_list(sft_rows(test)),
+        "heldout_pairs": pair_rows(heldout, rng),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measurements
+
+
+@torch.no_grad()
+def completion_logp(model, tokenizer, prompts: list[str], completions: list[str]) -> float:
+    """Mean over sequences of the per-token log-prob of completion + eos given the prompt (REDI's `ℓ̄`)."""
+    was_training = model.training
+    model.eval()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    encode = lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt_ids, target_ids = encode(prompts), [[*t, eos] for t in encode(completions)]
+    seqs = [p + t for p, t in zip(prompt_ids, target_ids, strict=True)]
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+    logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), dim=-1)
+    token_logp = logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    mask = torch.zeros_like(token_logp, dtype=torch.bool)
+    for row, (p, t) in enumerate(zip(prompt_ids, target_ids, strict=True)):
+        mask[row, len(p) - 1 : len(p) + len(t) - 1] = True
+    per_seq = (token_logp * mask).sum(-1) / mask.sum(-1)
+    model.train(was_training)
+    return per_seq.mean().item()
+
+
+def pair_logps(model, tokenizer, pairs: list[dict]) -> tuple[float, float]:
+    prompts = [p["prompt"] for p in pairs]
+    return (completion_logp(model, tokenizer, prompts, [p["chosen"] for p in pairs]),
+            completion_logp(model, tokenizer, prompts, [p["rejected"] for p in pairs]))
+
+
+def exact_match(model, tokenizer, test) -> dict:
+    from hf_stable.testing import evaluate_completions
+
+    return evaluate_completions(model, tokenizer, test, batch_size=250, max_new_tokens=len(test[0]["answer"]) + 2)
+
+
+def make_trajectory_callback(tokenizer, pairs: list[dict], every: int):
+    """A callback recording the held-out pair log-probs at step 0, every `every` steps and at the end."""
+    from transformers import TrainerCallback
+
+    class HeldoutLogp(TrainerCallback):
+        def __init__(self):
+            self.points: list[dict] = []
+
+        def record(self, step, model):
+            if self.points and self.points[-1]["step"] == step:
+                return
+            pos, neg = pair_logps(model, tokenizer, pairs)
+            self.points.append({"step": step, "pos": pos, "neg": neg})
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.record(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every == 0:
+                self.record(state.global_step, model)
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            self.record(state.global_step, model)
+
+    return HeldoutLogp()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# training
+
+
+def make_trainer(model, tokenizer, args, dataset, callbacks=()):
+    """A `StableSFTTrainer` that does not print its log dicts (they are kept in `state.log_history`)."""
+    from transformers import PrinterCallback
+
+    from hf_stable import StableSFTTrainer
+
+    trainer = StableSFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                               callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def train_config(output_dir: str, seed: int, lr: float, batch: int, epochs: int, logging_steps: int, **extra):
+    from hf_stable import StableSFTConfig
+
+    return StableSFTConfig(
+        output_dir=output_dir, seed=seed, learning_rate=lr, per_device_train_batch_size=batch,
+        num_train_epochs=epochs, lr_scheduler_type="linear", warmup_steps=0.1, weight_decay=1e-4,
+        logging_steps=logging_steps, max_length=64, use_cpu=True, bf16=False, gradient_checkpointing=False,
+        report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, **extra,
+    )
+
+
+def stage1_cache_dir(seed: int, sizes: Sizes) -> Path:
+    fields = {k: v for k, v in asdict(sizes).items() if k.startswith("stage1") or k in ("hidden_size", "num_test")}
+    key = hashlib.sha1(json.dumps({**fields, "digits": NUM_DIGITS, "split": SPLIT_SEED}, sort_keys=True).encode())
+    return ROOT / "cache" / NAME / f"stage1_seed{seed}_{key.hexdigest()[:10]}"
+
+
+def run_stage1(seed: int, sizes: Sizes, data: dict) -> Path:
+    """Trains (or reuses the cached) stage-1 NLL SFT checkpoint of `seed`."""
+    path = stage1_cache_dir(seed, sizes)
+    if (path / "done.json").exists():
+        print(f"[seed {seed}] stage 1: cached {path.relative_to(ROOT)}", flush=True)
+        return path
+    from hf_stable.testing import build_tiny_model
+
+    start = time.time()
+    model, tokenizer = build_tiny_model(seed=seed, hidden_size=sizes.hidden_size,
+                                        intermediate_size=2 * sizes.hidden_size, max_position_embeddings=64)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = train_config(tmp, seed, sizes.stage1_lr, sizes.stage1_batch, sizes.stage1_epochs, 50)
+        trainer = make_trainer(model, tokenizer, args, data["stage1"])
+        trainer.train()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "done.json").write_text(json.dumps({"steps": trainer.state.global_step, "seconds": time.time() - start}))
+    print(f"[seed {seed}] stage 1: {trainer.state.global_step} steps in {time.time() - start:.0f}s", flush=True)
+    return path
+
+
+def load_checkpoint(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    from hf_stable.testing import build_tiny_tokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path), build_tiny_tokenizer()
+
+
+def train_log_trajectory(log_history: list[dict]) -> list[dict]:
+    return [{"step": h["step"], "pos": h[POS_KEY], "neg": h[NEG_KEY]} for h in log_history if POS_KEY in h]
+
+
+def run_stage2(seed: int, alpha: float, sizes: Sizes, data: dict, stage1_path: Path) -> dict:
+    """One REDI arm from the stage-1 checkpoint: exact match, held-out and training-batch log-prob trajectories."""
+    start = time.time()
+    model, tokenizer = load_checkpoint(stage1_path)
+    callback = make_trajectory_callback(tokenizer, data["heldout_pairs"], sizes.eval_every)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = train_config(tmp, seed, sizes.stage1_lr * sizes.stage2_lr_ratio, sizes.stage2_batch, 1,
+                            sizes.logging_steps, sequence_objective="redi", redi_pos_weight=1.0,
+                            redi_neg_weight=alpha)
+        trainer = make_trainer(model, tokenizer, args, data["stage2"], [callback])
+        trainer.train()
+    em = exact_match(model, tokenizer, data["test"])
+    first, last = callback.points[0], callback.points[-1]
+    result = {
+        "exact_match": em["exact_match"], "mean_p": em["mean_p"],
+        "pos_start": first["pos"], "pos_end": last["pos"], "neg_start": first["neg"], "neg_end": last["neg"],
+        "d_pos": last["pos"] - first["pos"], "d_neg": last["neg"] - first["neg"],
+        "steps": trainer.state.global_step, "seconds": time.time() - start,
+        "heldout_trajectory": callback.points, "train_log_trajectory": train_log_trajectory(trainer.state.log_history),
+    }
+    print(f"[seed {seed}] α={alpha:.1f}: EM {result['exact_match']:.3f}  Δpos {result['d_pos']:+.3f}  "
+          f"Δneg {result['d_neg']:+.3f}  ({result['steps']} steps, {result['seconds']:.0f}s)", flush=True)
+    return result
+
+
+def run_seed(seed: int, sizes: Sizes) -> dict:
+    data = seed_data(seed, sizes)
+    path = run_stage1(seed, sizes, data)
+    model, tokenizer = load_checkpoint(path)
+    em = exact_match(model, tokenizer, data["test"])
+    pos, neg = pair_logps(model, tokenizer, data["heldout_pairs"])
+    print(f"[seed {seed}] stage 1: EM {em['exact_match']:.3f}  pos {pos:.3f}  neg {neg:.3f}", flush=True)
+    arms = {str(alpha): run_stage2(seed, alpha, sizes, data, path) for alpha in ALPHAS}
+    return {"stage1": {"exact_match": em["exact_match"], "mean_p": em["mean_p"], "pos": pos, "neg": neg},
+            "arms": arms}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# aggregation, criteria, outputs
+
+
+def mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def aggregate(per_seed: dict) -> dict:
+    seeds = list(per_seed)
+    out = {"stage1_exact_match": mean_std([per_seed[s]["stage1"]["exact_match"] for s in seeds]), "arms": {}}
+    for alpha in map(str, ALPHAS):
+        arms = [per_seed[s]["arms"][alpha] for s in seeds]
+        out["arms"][alpha] = {k: mean_std([a[k] for a in arms])
+                              for k in ("exact_match", "d_pos", "d_neg", "pos_end", "neg_end")}
+        out["arms"][alpha]["heldout_trajectory"] = mean_trajectory([a["heldout_trajectory"] for a in arms])
+    return out
+
+
+def mean_trajectory(trajectories: list[list[dict]]) -> dict:
+    """Seed mean and std at each recorded step (every seed records the same steps)."""
+    steps = [p["step"] for p in trajectories[0]]
+    out = {"step": steps}
+    for key in ("pos", "neg"):
+        columns = [[t[i][key] for t in trajectories] for i in range(len(steps))]
+        out[f"{key}_mean"] = [statistics.fmean(c) for c in columns]
+        out[f"{key}_std"] = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]
+    return out
+
+
+def criteria(per_seed: dict, agg: dict) -> dict:
+    arms, seeds = agg["arms"], list(per_seed)
+    d_pos = {a: arms[a]["d_pos"]["mean"] for a in arms}
+    stage1 = agg["stage1_exact_match"]["mean"]
+
+    def count(rule) -> str:
+        return f"{sum(rule(per_seed[s]) for s in seeds)}/{len(seeds)} seeds"
+
+    def seed_a(r):
+        return all(r["arms"]["1.0"]["d_pos"] < r["arms"][a]["d_pos"] for a in ("0.5", "0.8"))
+
+    def seed_b(r):
+        return all(r["arms"][a]["exact_match"] >= r["stage1"]["exact_match"] - EM_TOLERANCE for a in ("0.5", "0.8"))
+
+    return {
+        "a": {"criterion": "mean Δpos(α=1.0) < mean Δpos(α=0.5) and < mean Δpos(α=0.8)",
+              "values": {a: d_pos[a] for a in ("0.5", "0.8", "1.0")},
+              "passed": d_pos["1.0"] < d_pos["0.5"] and d_pos["1.0"] < d_pos["0.8"], "per_seed": count(seed_a)},
+        "b": {"criterion": f"mean EM(α) ≥ mean stage-1 EM − {EM_TOLERANCE} for α ∈ {{0.5, 0.8}}",
+              "values": {"stage1": stage1, **{a: arms[a]["exact_match"]["mean"] for a in ("0.5", "0.8")}},
+              "passed": all(arms[a]["exact_match"]["mean"] >= stage1 - EM_TOLERANCE for a in ("0.5", "0.8")),
+              "per_seed": count(seed_b)},
+        "c": {"criterion": "mean Δpos(α=0) ≥ 0 (continued SFT does not lower the positives)",
+              "values": {"0.0": d_pos["0.0"]}, "passed": d_pos["0.0"] >= 0,
+              "per_seed": count(lambda r: r["arms"]["0.0"]["d_pos"] >= 0)},
+    }
+
+
+def plot(agg: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = dict(zip(map(str, ALPHAS), ("tab:blue", "tab:green", "tab:orange", "tab:red"), strict=True))
+    for ax, key, title in ((axes[0], "pos", "held-out positives"), (axes[1], "neg", "held-out negatives")):
+        for alpha, arm in agg["arms"].items():
+            t = arm["heldout_trajectory"]
+            mean, std = t[f"{key}_mean"], t[f"{key}_std"]
+            ax.plot(t["step"], mean, color=colors[alpha], label=f"α = {alpha}")
+            ax.fill_between(t["step"], [m - s for m, s in zip(mean, std, strict=True)],
+                            [m + s for m, s in zip(mean, std, strict=True)], color=colors[alpha], alpha=0.2)
+        ax.set(title=f"{title}: mean per-token log-prob", xlabel="stage-2 step", ylabel="log p (nats/token)")
+        ax.legend()
+    alphas = list(agg["arms"])
+    ems = [agg["arms"][a]["exact_match"] for a in alphas]
+    axes[2].bar(alphas, [e["mean"] for e in ems], yerr=[e["std"] for e in ems], capsize=4,
+                color=[colors[a] for a in alphas])
+    stage1 = agg["stage1_exact_match"]
+    axes[2].axhline(stage1["mean"], color="black", linestyle="--", label=f"stage 1 ({stage1['mean']:.3f})")
+    axes[2].axhline(stage1["mean"] - EM_TOLERANCE, color="gray", linestyle=":", label="stage 1 − 0.02")
+    low = min(min(e["mean"] - e["std"] for e in ems), stage1["mean"] - EM_TOLERANCE)
+    axes[2].set(title="held-out exact match after stage 2", xlabel="α (redi_neg_weight)", ylabel="exact match",
+                ylim=(max(0.0, low - 0.05), 1.0))
+    axes[2].legend(loc="lower left")
+    fig.suptitle("E-A2: REDI stage 2 from an SFT checkpoint, negative weight α (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(result: dict, command: str) -> str:
+    agg, checks, cfg = result["aggregated"], result["pass"], result["config"]
+
+    def fmt(ms, digits=3, sign=False):
+        return f"{ms['mean']:{'+' if sign else ''}.{digits}f} ± {ms['std']:.{digits}f}"
+
+    lines = [
+        "# E-A2: REDI negative weight α",
+        "",
+        f"Seeds {cfg['seeds']}, mean ± std. Stage 1: NLL SFT, LR {cfg['stage1_lr']:g}; stage 2: REDI, LR "
+        f"{cfg['stage2_lr']:g}, 1 epoch over {cfg['sizes']['stage2_pairs']} pairs. Exact match = greedy full trace "
+        f"+ answer on {cfg['sizes']['num_test']} test prompts; Δ = held-out mean per-token log-prob at the end of "
+        "stage 2 minus its start.",
+        "",
+        f"Stage-1 exact match: {fmt(agg['stage1_exact_match'])}",
+        "",
+        "| α | exact match | Δ log p positives | Δ log p negatives | log p positives (end) | log p negatives (end) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for alpha, arm in agg["arms"].items():
+        lines.append(f"| {alpha} | {fmt(arm['exact_match'])} | {fmt(arm['d_pos'], sign=True)} | "
+                     f"{fmt(arm['d_neg'], sign=True)} | {fmt(arm['pos_end'])} | {fmt(arm['neg_end'])} |")
+    lines += ["", "| criterion | result | seeds where it holds |", "|---|---|---|"]
+    for name, check in checks.items():
+        lines.append(f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | "
+                     f"{check['per_seed']} |")
+    wall = f"Wall time of this run: {result['wall_seconds']:.0f} s (stage 1 cached: {result['stage1_cached']})."
+    lines += ["", "## Interpretation", "", "INTERPRETATION", "", "## Rerun", "", f"    {command}", "", wall, ""]
+    return "\n".join(lines)
+
+
+def quiet() -> None:
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    logging.getLogger("hf_stable").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", default=str(ROOT / "results"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
+    cli = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    quiet()
+    sizes = QUICK if cli.quick else Sizes()
+    seeds = cli.seeds[:1] if cli.quick else cli.seeds
+    start = time.time()
+    cached = all((stage1_cache_dir(s, sizes) / "done.json").exists() for s in seeds)
+    per_seed = {str(seed): run_seed(seed, sizes) for seed in seeds}
+    agg = aggregate(per_seed)
+    checks = criteria(per_seed, agg)
+    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/redi_alpha.py" + (" --quick" if cli.quick else "")
+    if seeds != [0, 1, 2]:
+        command += " --seeds " + " ".join(map(str, seeds))
+    result = {
+        "experiment": "E-A2 REDI negative weight",
+        "config": {"seeds": seeds, "alphas": list(ALPHAS), "quick": cli.quick, "sizes": asdict(sizes),
+                   "stage1_lr": sizes.stage1_lr, "stage2_lr": sizes.stage1_lr * sizes.stage2_lr_ratio,
+                   "num_digits": NUM_DIGITS, "split_seed": SPLIT_SEED, "trace_example": carry_trace(47, 85),
+                   "negative_example": carry_trace(47, 85, flip=0), "redi_pos_weight": 1.0,
+                   "redi_reduction": "pair", "em_tolerance": EM_TOLERANCE, "torch_threads": torch.get_num_threads()},
+        "per_seed": per_seed, "aggregated": agg, "pass": checks,
+        "wall_seconds": time.time() - start, "stage1_cached": cached, "command": command,
+    }
+    out = Path(cli.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
+    plot(agg, out / f"{NAME}.png")
+    (out / f"{NAME}.md").write_text(markdown(result, command))
+    for name, check in checks.items():
+        print(f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  "
+              f"values={ {k: round(v, 4) for k, v in check['values'].items()} }  holds in {check['per_seed']}")
+    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+
+
+if __name__ == "__main__":
+    main()
