@@ -306,6 +306,10 @@ class _Objective:
         return f"{self.name}({inner})" if inner else self.name
 
 
+def _accumulate(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    return value if total is None else total + value
+
+
 class _ProbeCallback(TrainerCallback):
     """Runs the base-model probe once the model is prepared (so it works under ZeRO-3), before the first step."""
 
@@ -652,7 +656,7 @@ class StableSFTTrainer(StableStateMixin, SFTTrainer):
             if step is not None:
                 denom = step["tokens"]
                 if normalize_active:  # corrected to the step's active count in `_end_step`
-                    self._step_active += active.sum().double()
+                    self._step_active = _accumulate(self._step_active, active.sum().double())
             else:
                 denom = (active if normalize_active else mask).sum().float()
         loss = total / torch.as_tensor(denom, device=total.device).clamp(min=1)
@@ -672,19 +676,21 @@ class StableSFTTrainer(StableStateMixin, SFTTrainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if not self.args.owns_loss:
             return loss
-        self._step_loss = self._step_loss + loss
+        self._step_loss = _accumulate(self._step_loss, loss.detach())
         if self.accelerator.sync_gradients:  # last micro-batch of the optimizer step: gradients are complete
             loss = self._end_step(model, loss)
         return loss
 
     def _reset_step(self) -> None:
-        self._step_active = torch.zeros((), dtype=torch.float64)
-        self._step_loss = torch.zeros(())
+        # kept on the device: no host sync per micro-batch
+        self._step_active: torch.Tensor | None = None
+        self._step_loss: torch.Tensor | None = None
         self._step_samples: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _end_step(self, model, loss: torch.Tensor) -> torch.Tensor:
         if self.args.threshold_normalization == "active" and not self.args.per_sample:
-            active = self._step_active.to(self.accelerator.device)
+            active = (self._step_active if self._step_active is not None else torch.zeros((), dtype=torch.float64))
+            active = active.to(self.accelerator.device)
             if self.args.average_tokens_across_devices and self.args.world_size > 1:
                 active = self.accelerator.reduce(active, reduction="sum")
             factor = (self._step_counts["tokens"].double() / active.clamp(min=1)).float()

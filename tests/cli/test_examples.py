@@ -1,0 +1,23 @@
+"""Every shipped example config parses and validates (the CLI would reject it before launching otherwise)."""
+
+import glob
+import os
+
+import pytest
+
+from hf_stable.scripts.sft import make_parser
+
+
+CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", "sft_*.yaml")))
+
+
+def test_there_are_example_configs():
+    assert len(CONFIGS) >= 3
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_example_config_parses(path):
+    script_args, args, model_args, _ = make_parser().parse_args_and_config(["--config", path])
+    assert model_args.model_name_or_path and args.output_dir
+    assert script_args.synthetic_dataset or script_args.dataset_name
+    assert args.use_cpu and not args.bf16  # runnable on the CPU machines the examples target
