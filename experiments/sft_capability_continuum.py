@@ -8,8 +8,9 @@ Design (CPU, random-init tiny Llama from `hf_stable.testing.build_tiny_model`, c
 
 * Task T: 2-digit addition ``"a+b="`` -> ``"a+b"``. Per seed, the 10^4 problems are shuffled; ``n_eval`` of them are
   held out from *all* training (pretraining and SFT) and form the clean evaluation sets.
-* "Pretraining": NLL SFT of the random-init model on T (cosine LR), cached per seed under ``--cache_dir``.
-* SFT sets (completion-only, one epoch, identical LR/steps/batch/optimiser for every objective):
+* "Pretraining": NLL SFT of the random-init model on T (2000 steps x 64, LR 3e-3 cosine), cached per seed under
+  ``--cache_dir``.
+* SFT sets (completion-only, one epoch of 150 steps x 64 rows, identical LR/steps/batch/optimiser for every objective):
   - MS: task T with ``noise_rate`` (30 %) of the answer digits replaced by a *different* random digit;
   - MW: task T' = T's answer passed digit by digit through a fixed random derangement of 0-9 (one per seed; every
     digit changes, so the base model's greedy answer is never right).
@@ -24,13 +25,19 @@ Design choices fixed before the final comparison: 2-digit (not 3-digit) addition
 seed; noisy digits always differ from the true digit (so 30 % of digits are wrong; under uniform noise the correct
 digit stays the per-position mode, so NLL's greedy answer is not expected to collapse); SFT LR 1e-3 with cosine
 schedule, 10 % warmup, AdamW betas (0.9, 0.95), weight decay 0.01, clip 1.0 (the reference recipe's optimiser); SFT
-length chosen from an NLL-only pilot on MW (NLL must clearly learn T' within the budget). No objective-specific tuning.
+length chosen from an NLL-only pilot on MW, seed 0 (75 steps: EM 0.23; 150 steps: EM 0.63; 150 kept). No
+objective-specific tuning. The pretraining budget was fixed in advance and not changed after seed 1 reached only
+0.79 exact match on T (seeds 0 and 2: > 0.99); that seed is reported as is.
+
+Post-hoc diagnostics, added after the first full run and outside the criterion (the primary numbers reproduced
+exactly): a clean-label control (the MS problems without noise, NLL and -p^10), the mean grad norm per arm, and the
+`auto` decision the same rule would take without its P20 guard (``strong_p20=0``).
 
 Pass criterion (means over seeds, stated in advance):
   MS: EM(-p) >= EM(nll) - 0.02 and EM(-p^10) >= EM(nll) - 0.02;
   MW: EM(nll) - EM(-p^10) >= 0.2.
 
-Command (about 6-8 minutes on one core with a cold cache):
+Command (measured 5 min 42 s on one shared core with a cold cache, i.e. including pretraining):
   OMP_NUM_THREADS=1 .venv/bin/python experiments/sft_capability_continuum.py
 Smoke test (< 60 s): ``... --quick --output_dir /tmp/e_a1``.
 """
@@ -67,7 +74,11 @@ OBJECTIVES = {
     "auto": {"sft_objective": "auto"},
 }
 SETS = ("MS", "MW")
+# post-hoc diagnostic (added after the first full run, outside the pass criterion): the MS problems with clean labels
+CONTROL = "T_clean"
+CONTROL_ARMS = ("nll", "-p^10")
 MARGIN_MS = 0.02
+NO_P20_GUARD = {"strong_p20": 0.0}
 GAP_MW = 0.2
 
 
@@ -143,14 +154,16 @@ def build_sets(seed: int, cfg: Config) -> dict:
         return "".join(perm[d] for d in str(a + b))
 
     n = cfg.sft_steps * cfg.sft_batch
+    t_eval = to_dataset(held_out, clean)
+    ms_problems = sample(pool, n, rng)  # the RNG is consumed in this order: MS problems, MS noise, MW problems
+    ms_train = to_dataset(ms_problems, clean, lambda ans: add_noise(ans, cfg.noise_rate, rng))
+    mw_train = to_dataset(sample(pool, n, rng), permuted)
     return {
         "permutation": "".join(perm[d] for d in DIGITS),
-        "MS": {
-            "train": to_dataset(sample(pool, n, rng), clean, lambda ans: add_noise(ans, cfg.noise_rate, rng)),
-            "eval": to_dataset(held_out, clean),
-        },
-        "MW": {"train": to_dataset(sample(pool, n, rng), permuted), "eval": to_dataset(held_out, permuted)},
-        "T_eval": to_dataset(held_out, clean),
+        "MS": {"train": ms_train, "eval": t_eval},
+        "MW": {"train": mw_train, "eval": to_dataset(held_out, permuted)},
+        CONTROL: {"train": to_dataset(ms_problems, clean), "eval": t_eval},  # MS without the noise
+        "T_eval": t_eval,
         "pool": pool,
     }
 
@@ -247,8 +260,11 @@ def run_arm(base, base_path: Path, tokenizer, seed: int, cfg: Config, data: dict
         probe = read_probe(tmp)
     result = evaluate(model, tokenizer, data["eval"])
     result["param_change"] = param_change(model, base)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    history = trainer.state.log_history
+    losses = [h["loss"] for h in history if "loss" in h]
+    norms = [h["grad_norm"] for h in history if h.get("grad_norm") is not None]
     result["final_train_loss"] = losses[-1] if losses else None
+    result["mean_grad_norm"] = statistics.fmean(norms) if norms else None
     result["wall_s"] = round(time.time() - start, 1)
     if probe is not None:
         result["probe"] = probe
@@ -272,6 +288,11 @@ def run_seed(seed: int, cfg: Config, cache_dir: Path) -> dict:
             print(f"[seed {seed}] {name} {arm:>10}: EM {arms[arm]['exact_match']:.3f} "
                   f"mean_p {arms[arm]['mean_p']:.3f} ({arms[arm]['wall_s']} s)", flush=True)
         out["sets"][name] = arms
+    control = sets[CONTROL]
+    out["control"] = {arm: run_arm(base, base_path, tokenizer, seed, cfg, control, OBJECTIVES[arm])
+                      for arm in CONTROL_ARMS}
+    print(f"[seed {seed}] {CONTROL} control (no noise): "
+          + ", ".join(f"{arm} EM {r['exact_match']:.3f}" for arm, r in out["control"].items()), flush=True)
     return out
 
 
@@ -293,11 +314,19 @@ def aggregate(per_seed: dict) -> dict:
             agg[name][arm] = {k: mean_std([r[k] for r in runs]) for k in ("exact_match", "mean_p")}
             if arm != "base":
                 agg[name][arm]["param_change"] = mean_std([r["param_change"] for r in runs])
+                agg[name][arm]["mean_grad_norm"] = mean_std([r["mean_grad_norm"] for r in runs])
+    agg[CONTROL] = {}
+    for arm in CONTROL_ARMS:
+        runs = [per_seed[s]["control"][arm] for s in per_seed]
+        agg[CONTROL][arm] = {k: mean_std([r[k] for r in runs]) for k in ("exact_match", "mean_p", "param_change")}
     return agg
 
 
 def probe_summary(per_seed: dict) -> dict:
-    """Base-model probe stats (from the `auto` arm), the auto decision and the resolved P20 threshold, per set."""
+    """Base-model probe stats (from the `auto` arm), the auto decision and the resolved P20 threshold, per set; and,
+    for calibration, the decision of the same rule without its P20 guard (`strong_p20=0`)."""
+    from hf_stable.losses.sft import choose_objective
+
     summary = {}
     for name in SETS:
         rows = {}
@@ -309,25 +338,28 @@ def probe_summary(per_seed: dict) -> dict:
                 "median": stats["median"], "p20": stats["p20"], "p10": stats["p10"], "mean": stats["mean"],
                 "frac_p_gt_0.5": stats["frac_p_gt_0.5"], "num_tokens": stats["num_tokens"],
                 "decision": auto["decision"], "threshold_p20": arms["top_p@P20"]["probe"]["threshold"],
+                "decision_without_p20_guard": choose_objective(stats, NO_P20_GUARD),
             }
         summary[name] = {"per_seed": rows, "decisions": sorted({r["decision"]["regime"] for r in rows.values()})}
     return summary
 
 
+CHECKS = {  # name -> (set, arm a, arm b, threshold): passes when EM(a) - EM(b) >= threshold
+    f"MS: EM(-p) >= EM(nll) - {MARGIN_MS}": ("MS", "-p", "nll", -MARGIN_MS),
+    f"MS: EM(-p^10) >= EM(nll) - {MARGIN_MS}": ("MS", "-p^10", "nll", -MARGIN_MS),
+    f"MW: EM(nll) - EM(-p^10) >= {GAP_MW}": ("MW", "nll", "-p^10", GAP_MW),
+}
+
+
 def criteria(agg: dict) -> dict:
-    ms, mw = agg["MS"], agg["MW"]
-    nll_ms = ms["nll"]["exact_match"]["mean"]
-    checks = {
-        f"MS: EM(-p) >= EM(nll) - {MARGIN_MS}": ms["-p"]["exact_match"]["mean"] >= nll_ms - MARGIN_MS,
-        f"MS: EM(-p^10) >= EM(nll) - {MARGIN_MS}": ms["-p^10"]["exact_match"]["mean"] >= nll_ms - MARGIN_MS,
-        f"MW: EM(nll) - EM(-p^10) >= {GAP_MW}":
-            mw["nll"]["exact_match"]["mean"] - mw["-p^10"]["exact_match"]["mean"] >= GAP_MW,
-    }
-    parts = {
-        "MS": checks[f"MS: EM(-p) >= EM(nll) - {MARGIN_MS}"] and checks[f"MS: EM(-p^10) >= EM(nll) - {MARGIN_MS}"],
-        "MW": checks[f"MW: EM(nll) - EM(-p^10) >= {GAP_MW}"],
-    }
-    return {"checks": checks, "parts": parts, "all": all(parts.values())}
+    """The pre-stated criterion on the means over seeds (the verdict), and how many seeds meet it on their own."""
+    checks, per_seed = {}, {}
+    for text, (name, a, b, threshold) in CHECKS.items():
+        em_a, em_b = agg[name][a]["exact_match"]["values"], agg[name][b]["exact_match"]["values"]
+        checks[text] = statistics.fmean(em_a) - statistics.fmean(em_b) >= threshold
+        per_seed[text] = f"{sum(x - y >= threshold for x, y in zip(em_a, em_b, strict=True))}/{len(em_a)}"
+    parts = {name: all(ok for text, ok in checks.items() if text.startswith(name)) for name in SETS}
+    return {"checks": checks, "seeds_meeting_check": per_seed, "parts": parts, "all": all(parts.values())}
 
 
 def plot(agg: dict, path: Path, title: str) -> None:
@@ -341,14 +373,19 @@ def plot(agg: dict, path: Path, title: str) -> None:
     for ax, name in zip(axes, SETS, strict=True):
         means = [agg[name][a]["exact_match"]["mean"] for a in arms]
         stds = [agg[name][a]["exact_match"]["std"] for a in arms]
-        ax.bar(arms, means, yerr=stds, capsize=4, color=["C0", "C1", "C2", "C3", "C7"])
+        ax.bar(arms, means, yerr=stds, capsize=4, color=["C0", "C1", "C2", "C3", "C7"], alpha=0.85)
+        for i, arm in enumerate(arms):  # one dot per seed: the spread is mostly one seed, not noise around a mean
+            values = agg[name][arm]["exact_match"]["values"]
+            offsets = [0.0] if len(values) == 1 else [-0.2 + 0.4 * k / (len(values) - 1) for k in range(len(values))]
+            ax.scatter([i + o for o in offsets], values, s=14, color="k", zorder=3,
+                       label="per seed" if i == 0 else None)
         ax.axhline(agg[name]["base"]["exact_match"]["mean"], color="k", ls="--", lw=1, label="base (before SFT)")
         label = "MS: noisy T (eval clean T)" if name == "MS" else "MW: new task T' (eval T')"
         ax.set_title(label)
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, 1.1)
         ax.tick_params(axis="x", rotation=20)
         ax.legend(loc="lower left", fontsize=8)
-    axes[0].set_ylabel("held-out exact match (mean ± std over seeds)")
+    axes[0].set_ylabel("clean held-out exact match\n(bar: mean ± std over seeds)")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -359,51 +396,86 @@ def fmt(ms: dict) -> str:
     return f"{ms['mean']:.3f} ± {ms['std']:.3f}"
 
 
-def interpretation(agg: dict, probes: dict, crit: dict) -> str:
-    ms, mw = agg["MS"], agg["MW"]
-    em = {s: {a: agg[s][a]["exact_match"]["mean"] for a in ["base", *OBJECTIVES]} for s in SETS}
-    lines = [
-        f"On MS (noisy supervision of a known task) NLL moves clean exact match from {em['MS']['base']:.3f} to "
-        f"{em['MS']['nll']:.3f}, -p to {em['MS']['-p']:.3f} and -p^10 to {em['MS']['-p^10']:.3f}; mean p on the "
-        f"clean answers is {ms['nll']['mean_p']['mean']:.3f} (NLL), {ms['-p']['mean_p']['mean']:.3f} (-p) and "
-        f"{ms['-p^10']['mean_p']['mean']:.3f} (-p^10).",
-        f"On MW (new task) NLL reaches {em['MW']['nll']:.3f} exact match while -p^10 reaches {em['MW']['-p^10']:.3f} "
-        f"(relative parameter change {mw['nll']['param_change']['mean']:.3g} vs "
-        f"{mw['-p^10']['param_change']['mean']:.3g}); -p is at {em['MW']['-p']:.3f}.",
-        f"The base-model probe separates the sets (median p {fmt_probe(probes, 'MS', 'median')} on MS vs "
-        f"{fmt_probe(probes, 'MW', 'median')} on MW); `auto` chose {'/'.join(probes['MS']['decisions'])} on MS and "
-        f"{'/'.join(probes['MW']['decisions'])} on MW.",
-        f"Pre-stated criterion: MS {'PASS' if crit['parts']['MS'] else 'FAIL'}, "
-        f"MW {'PASS' if crit['parts']['MW'] else 'FAIL'}.",
-    ]
-    return " ".join(lines)
+def seed_values(probes: dict, name: str, key: str) -> list[float]:
+    return [r[key] for r in probes[name]["per_seed"].values()]
 
 
 def fmt_probe(probes: dict, name: str, key: str) -> str:
-    values = [r[key] for r in probes[name]["per_seed"].values()]
-    return f"{statistics.fmean(values):.3g}"
+    return f"{statistics.fmean(seed_values(probes, name, key)):.3g}"
 
 
-def markdown(result: dict, command: str) -> str:
+def regimes(probes: dict, name: str, key: str = "decision") -> str:
+    return ", ".join(f"{r[key]['regime']} ({r[key]['sft_objective']})" for r in probes[name]["per_seed"].values())
+
+
+def interpretation(result: dict) -> str:
+    agg, probes, crit = result["aggregate"], result["probe"], result["criteria"]
+    em = {s: {a: agg[s][a]["exact_match"]["mean"] for a in agg[s]} for s in (*SETS, CONTROL)}
+    mp = {s: {a: agg[s][a]["mean_p"]["mean"] for a in agg[s]} for s in (*SETS, CONTROL)}
+    lines = [
+        f"On MS (noisy labels for a known task) clean exact match goes from {em['MS']['base']:.3f} (base) to "
+        f"{em['MS']['nll']:.3f} with NLL, {em['MS']['-p']:.3f} with -p and {em['MS']['-p^10']:.3f} with -p^10 "
+        f"(clean-answer mean p {mp['MS']['nll']:.3f} / {mp['MS']['-p']:.3f} / {mp['MS']['-p^10']:.3f}); on MW (new "
+        f"task) NLL reaches {em['MW']['nll']:.3f} while -p reaches {em['MW']['-p']:.3f} and -p^10 "
+        f"{em['MW']['-p^10']:.3f}.",
+        f"Pre-stated criterion on the seed means: MS {'PASS' if crit['parts']['MS'] else 'FAIL'}, MW "
+        f"{'PASS' if crit['parts']['MW'] else 'FAIL'} (seeds meeting each check on their own: "
+        f"{', '.join(crit['seeds_meeting_check'].values())}).",
+    ]
+    weak = [s for s, r in result["per_seed"].items() if r["pretrain"]["T_eval"]["exact_match"] < 0.95]
+    for seed in weak:
+        run = result["per_seed"][seed]
+        ms = {a: run["sets"]["MS"][a]["exact_match"] for a in ("nll", "-p", "-p^10")}
+        ctl = {a: run["control"][a]["exact_match"] for a in CONTROL_ARMS}
+        lines.append(
+            f"Pretraining left seed {seed} at {run['pretrain']['T_eval']['exact_match']:.3f} exact match on T; on its "
+            f"MS set NLL / -p / -p^10 end at {ms['nll']:.3f} / {ms['-p']:.3f} / {ms['-p^10']:.3f}, and with clean "
+            f"labels (control) NLL ends at {ctl['nll']:.3f} and -p^10 at {ctl['-p^10']:.3f}."
+        )
+    from hf_stable.losses.sft import DEFAULT_AUTO_RULE
+
+    rule = DEFAULT_AUTO_RULE
+    guarded = [r for r in probes["MS"]["per_seed"].values()
+               if r["median"] >= rule["strong_median"] and r["p20"] < rule["strong_p20"]]
+    if guarded:
+        lines.append(
+            f"The `auto` rule did not call MS model-strong ({regimes(probes, 'MS')}): base-model median p is "
+            f"{fmt_probe(probes, 'MS', 'median')} but the noisy digits put P20 at {fmt_probe(probes, 'MS', 'p20')} "
+            f"< strong_p20 = {rule['strong_p20']}; without that guard it would choose "
+            f"{regimes(probes, 'MS', 'decision_without_p20_guard')}."
+        )
+    else:
+        lines.append(f"`auto` chose {regimes(probes, 'MS')} on MS and {regimes(probes, 'MW')} on MW.")
+    return " ".join(lines)
+
+
+def markdown(result: dict) -> str:
     agg, probes, crit = result["aggregate"], result["probe"], result["criteria"]
     seeds = result["config"]["seeds"]
     out = [
         "# E-A1 capability continuum (CPU, tiny model)", "",
-        f"Seeds {seeds}; mean ± std over seeds; clean held-out exact match (EM) and mean teacher-forced p.", "",
+        f"Seeds {seeds}; mean ± std over seeds; clean held-out exact match (EM) and mean teacher-forced p. MS: task T "
+        "(2-digit addition) with 30 % of answer digits wrong; MW: new task T' (answer digits permuted). Pretraining "
+        "EM on T per seed: " + ", ".join(f"{r['pretrain']['T_eval']['exact_match']:.3f}"
+                                          for r in result["per_seed"].values()) + ".", "",
         "| objective | MS EM | MS mean p | MW EM | MW mean p |", "|---|---|---|---|---|",
     ]
     for arm in ["base", *OBJECTIVES]:
         cells = [fmt(agg[s][arm][k]) for s in SETS for k in ("exact_match", "mean_p")]
         out.append(f"| {arm if arm != 'base' else 'base (no SFT)'} | " + " | ".join(cells) + " |")
-    out += ["", "| set | base median p | base P20 | P20 threshold | auto decision |", "|---|---|---|---|---|"]
+    out += ["", "Base-model probe on each SFT set (values: mean over seeds):", "",
+            "| set | base median p | base P20 | P20 threshold | auto decision per seed | without P20 guard |",
+            "|---|---|---|---|---|---|"]
     for name in SETS:
-        dec = ", ".join(f"{r['decision']['regime']} ({r['decision']['sft_objective']})"
-                        for r in probes[name]["per_seed"].values())
         out.append(f"| {name} | {fmt_probe(probes, name, 'median')} | {fmt_probe(probes, name, 'p20')} | "
-                   f"{fmt_probe(probes, name, 'threshold_p20')} | {dec} |")
-    out += ["", "Pass criterion (means over seeds):", ""]
-    out += [f"- {'PASS' if ok else 'FAIL'}: `{text}`" for text, ok in crit["checks"].items()]
-    out += ["", interpretation(agg, probes, crit), "", "Rerun:", "", f"```\n{command}\n```", ""]
+                   f"{fmt_probe(probes, name, 'threshold_p20')} | {regimes(probes, name)} | "
+                   f"{regimes(probes, name, 'decision_without_p20_guard')} |")
+    control = ", ".join(f"{arm} EM {fmt(agg[CONTROL][arm]['exact_match'])}" for arm in CONTROL_ARMS)
+    out += ["", f"Post-hoc control (MS problems, clean labels; not part of the criterion): {control}.", "",
+            "Pass criterion (means over seeds; seeds meeting the check on their own in brackets):", ""]
+    out += [f"- {'PASS' if ok else 'FAIL'}: `{text}` ({crit['seeds_meeting_check'][text]} seeds)"
+            for text, ok in crit["checks"].items()]
+    out += ["", interpretation(result), "", "Rerun:", "", f"```\n{result['command']}\n```", ""]
     return "\n".join(out)
 
 
@@ -461,7 +533,7 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{NAME}.json").write_text(json.dumps(result, indent=2, default=str))
     plot(agg, out / f"{NAME}.png", f"E-A1 capability continuum (seeds {seeds})")
-    (out / f"{NAME}.md").write_text(markdown(result, result["command"]))
+    (out / f"{NAME}.md").write_text(markdown(result))
     for text, ok in crit["checks"].items():
         print(f"{'PASS' if ok else 'FAIL'}: {text}")
     print(f"wall time {result['wall_s']} s; results in {out}")

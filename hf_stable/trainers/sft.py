@@ -449,6 +449,16 @@ class StableSFTTrainer(StableStateMixin, SFTTrainer):
             raise ValueError(
                 "Per-sample objectives need whole sequences on each process; disable context parallelism."
             )
+        if (
+            args.owns_loss
+            and args.threshold_normalization == "active"
+            and args.world_size > 1
+            and not args.average_tokens_across_devices
+        ):
+            raise ValueError(
+                "threshold_normalization='active' with several processes needs average_tokens_across_devices=True "
+                "(the default): the end-of-step rescale must be the same on every process."
+            )
         if args.owns_loss and args.threshold_normalization == "active" and self.is_deepspeed_enabled:
             raise ValueError(
                 "threshold_normalization='active' rescales the accumulated gradients at the end of each step, which "
