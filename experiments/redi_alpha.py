@@ -488,12 +488,12 @@ def interpretation(agg: dict, checks: dict) -> str:
             "The spec's safe window α ∈ [0.5, 0.8] did not hold in this setting; a likely reason (not tested by "
             f"this script) is that stage 1 leaves the positives nearly saturated (held-out log p "
             f"{agg['stage1_pos']['mean']:.3f} nats/token), so the positive term's gradient is small and the negative "
-            "term dominates the Adam-normalised stage-2 updates at LR = stage-1 LR / 10.")
+            "term dominates the Adam-normalised stage-2 updates.")
     return " ".join(text)
 
 
 def markdown(result: dict, command: str) -> str:
-    agg, checks, cfg = result["aggregated"], result["pass"], result["config"]
+    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
 
     def fmt(ms, digits=3, sign=False):
         return f"{ms['mean']:{'+' if sign else ''}.{digits}f} ± {ms['std']:.{digits}f}"
@@ -566,7 +566,7 @@ def main() -> None:
                    "num_digits": NUM_DIGITS, "split_seed": SPLIT_SEED, "trace_example": carry_trace(47, 85),
                    "negative_example": carry_trace(47, 85, flip=0), "redi_pos_weight": 1.0,
                    "redi_reduction": "pair", "em_tolerance": EM_TOLERANCE, "torch_threads": torch.get_num_threads()},
-        "per_seed": per_seed, "aggregated": agg, "pass": checks,
+        "per_seed": per_seed, "aggregated": agg, "criteria": checks,
         "wall_seconds": time.time() - start, "stage1_cached": cached, "command": command,
     }
     out = Path(cli.output_dir)

@@ -31,7 +31,9 @@ objective-specific tuning. The pretraining budget was fixed in advance and not c
 
 Post-hoc diagnostics, added after the first full run and outside the criterion (the primary numbers reproduced
 exactly): a clean-label control (the MS problems without noise, NLL and -p^10), the mean grad norm per arm, and the
-`auto` decision the same rule would take without its P20 guard (``strong_p20=0``).
+`auto` decision the spec's original rule would take with its P20 guard (``strong_p20=0.3``). The first full run used
+that guard as the default; it called the noisy MS set "intermediate" on every seed although -p beat NLL there, so
+hf_stable's default became ``strong_p20=0`` (an in-sample recalibration, as the spec asked of this experiment).
 
 Pass criterion (means over seeds, stated in advance):
   MS: EM(-p) >= EM(nll) - 0.02 and EM(-p^10) >= EM(nll) - 0.02;
@@ -78,7 +80,7 @@ SETS = ("MS", "MW")
 CONTROL = "T_clean"
 CONTROL_ARMS = ("nll", "-p^10")
 MARGIN_MS = 0.02
-NO_P20_GUARD = {"strong_p20": 0.0}
+SPEC_P20_GUARD = {"strong_p20": 0.3}  # the spec's original rule, before this experiment recalibrated it
 GAP_MW = 0.2
 
 
@@ -324,7 +326,7 @@ def aggregate(per_seed: dict) -> dict:
 
 def probe_summary(per_seed: dict) -> dict:
     """Base-model probe stats (from the `auto` arm), the auto decision and the resolved P20 threshold, per set; and,
-    for calibration, the decision of the same rule without its P20 guard (`strong_p20=0`)."""
+    for calibration, the decision of the spec's original rule with its P20 guard (`strong_p20=0.3`)."""
     from hf_stable.losses.sft import choose_objective
 
     summary = {}
@@ -338,7 +340,7 @@ def probe_summary(per_seed: dict) -> dict:
                 "median": stats["median"], "p20": stats["p20"], "p10": stats["p10"], "mean": stats["mean"],
                 "frac_p_gt_0.5": stats["frac_p_gt_0.5"], "num_tokens": stats["num_tokens"],
                 "decision": auto["decision"], "threshold_p20": arms["top_p@P20"]["probe"]["threshold"],
-                "decision_without_p20_guard": choose_objective(stats, NO_P20_GUARD),
+                "decision_with_spec_p20_guard": choose_objective(stats, SPEC_P20_GUARD),
             }
         summary[name] = {"per_seed": rows, "decisions": sorted({r["decision"]["regime"] for r in rows.values()})}
     return summary
@@ -384,7 +386,7 @@ def plot(agg: dict, path: Path, title: str) -> None:
         ax.set_title(label)
         ax.set_ylim(0, 1.1)
         ax.tick_params(axis="x", rotation=20)
-        ax.legend(loc="lower left", fontsize=8)
+    axes[1].legend(loc="upper right", fontsize=8)
     axes[0].set_ylabel("clean held-out exact match\n(bar: mean ± std over seeds)")
     fig.suptitle(title)
     fig.tight_layout()
@@ -432,20 +434,12 @@ def interpretation(result: dict) -> str:
             f"MS set NLL / -p / -p^10 end at {ms['nll']:.3f} / {ms['-p']:.3f} / {ms['-p^10']:.3f}, and with clean "
             f"labels (control) NLL ends at {ctl['nll']:.3f} and -p^10 at {ctl['-p^10']:.3f}."
         )
-    from hf_stable.losses.sft import DEFAULT_AUTO_RULE
-
-    rule = DEFAULT_AUTO_RULE
-    guarded = [r for r in probes["MS"]["per_seed"].values()
-               if r["median"] >= rule["strong_median"] and r["p20"] < rule["strong_p20"]]
-    if guarded:
-        lines.append(
-            f"The `auto` rule did not call MS model-strong ({regimes(probes, 'MS')}): base-model median p is "
-            f"{fmt_probe(probes, 'MS', 'median')} but the noisy digits put P20 at {fmt_probe(probes, 'MS', 'p20')} "
-            f"< strong_p20 = {rule['strong_p20']}; without that guard it would choose "
-            f"{regimes(probes, 'MS', 'decision_without_p20_guard')}."
-        )
-    else:
-        lines.append(f"`auto` chose {regimes(probes, 'MS')} on MS and {regimes(probes, 'MW')} on MW.")
+    lines.append(
+        f"`auto` chose {regimes(probes, 'MS')} on MS and {regimes(probes, 'MW')} on MW. The spec's original rule, "
+        f"which also asked P20 >= 0.3, would have chosen {regimes(probes, 'MS', 'decision_with_spec_p20_guard')} on "
+        f"MS: the noisy digits put its base-model P20 at {fmt_probe(probes, 'MS', 'p20')} although the median is "
+        f"{fmt_probe(probes, 'MS', 'median')}."
+    )
     return " ".join(lines)
 
 
@@ -464,12 +458,12 @@ def markdown(result: dict) -> str:
         cells = [fmt(agg[s][arm][k]) for s in SETS for k in ("exact_match", "mean_p")]
         out.append(f"| {arm if arm != 'base' else 'base (no SFT)'} | " + " | ".join(cells) + " |")
     out += ["", "Base-model probe on each SFT set (values: mean over seeds):", "",
-            "| set | base median p | base P20 | P20 threshold | auto decision per seed | without P20 guard |",
+            "| set | base median p | base P20 | P20 threshold | auto decision per seed | spec rule (P20 ≥ 0.3) |",
             "|---|---|---|---|---|---|"]
     for name in SETS:
         out.append(f"| {name} | {fmt_probe(probes, name, 'median')} | {fmt_probe(probes, name, 'p20')} | "
                    f"{fmt_probe(probes, name, 'threshold_p20')} | {regimes(probes, name)} | "
-                   f"{regimes(probes, name, 'decision_without_p20_guard')} |")
+                   f"{regimes(probes, name, 'decision_with_spec_p20_guard')} |")
     control = ", ".join(f"{arm} EM {fmt(agg[CONTROL][arm]['exact_match'])}" for arm in CONTROL_ARMS)
     out += ["", f"Post-hoc control (MS problems, clean labels; not part of the criterion): {control}.", "",
             "Pass criterion (means over seeds; seeds meeting the check on their own in brackets):", ""]

@@ -111,7 +111,7 @@ class StableSFTConfig(TokenFreeConfigMixin, SFTConfig):
         auto_probe_batches (`int`, *optional*, defaults to `32`):
             Training batches (per process) the probe reads for `auto` and `threshold_quantile`.
         auto_rule (`dict` or `str`, *optional*):
-            Thresholds of the `auto` rule, keys `strong_median` (0.9), `strong_p20` (0.3), `weak_median` (0.3).
+            Thresholds of the `auto` rule, keys `strong_median` (0.9), `strong_p20` (0.0: off), `weak_median` (0.3).
 
         > Sequence objective (REDI, arXiv 2505.24850)
 
