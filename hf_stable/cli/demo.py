@@ -15,7 +15,8 @@ from transformers import ProgressCallback  # this module is imported only by `hf
 
 
 RUNS = (
-    ("nll", {"sft_objective": "nll"}),
+    # α = 0 is NLL through hf_stable's own loss path (the same update as TRL's, tested), which also logs `mean_p`
+    ("nll", {"sft_objective": "prob_power", "objective_alpha": 0.0}),
     ("-p", {"sft_objective": "prob_power", "objective_alpha": 1.0}),
 )
 
@@ -50,6 +51,7 @@ def _train_one(name, objective, model_dir, train, test, output_dir, steps):
         use_cpu=True,
         bf16=False,
         seed=0,
+        disable_tqdm=False,  # else it follows the (quietened) log level and prints a dict per log step
         **objective,
     )
     start = time.perf_counter()
@@ -100,7 +102,7 @@ def run_demo(output_dir: str = "demo_output", quick: bool = False) -> list[dict]
     datasets.disable_progress_bars()
     logging.set_verbosity_error()
     os.makedirs(output_dir, exist_ok=True)
-    steps = 40 if quick else 1500
+    steps = 40 if quick else 2000
     model_dir = os.path.join(output_dir, "tiny-model")
     build_tiny_model(save_dir=model_dir, seed=0)
     train = arithmetic_dataset(20_000, seed=0)
