@@ -39,7 +39,9 @@ class ExtraColumnsCollator:
         batch.update(extras)
         return batch
 
-    def __getattr__(self, name):  # e.g. TRL sets `return_position_ids` on its collator
+    def __getattr__(self, name):  # e.g. TRL reads `padding_free` off its collator
+        if name == "collator" or name.startswith("__"):  # not yet set while unpickling (dataloader workers)
+            raise AttributeError(name)
         return getattr(self.collator, name)
 
 

@@ -387,3 +387,21 @@ def test_model_card_names_hf_stable_and_objective(tmp_path):
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), f"the token was written to {path.name}"
+
+
+def test_collator_survives_pickling_for_worker_processes(tmp_path):
+    """Dataloader workers started with `spawn` pickle the collator; the wrapper must round-trip and still work."""
+    import pickle
+
+    _, trainer = one_step_update(tmp_path, 8, 1, sample_reweighting="feasible")
+    collator = pickle.loads(pickle.dumps(trainer.data_collator))
+    batch = collator([trainer.train_dataset[i] for i in range(2)])
+    assert batch["hf_stable_index"].tolist() == [trainer.train_dataset[i]["hf_stable_index"] for i in range(2)]
+    assert collator.pad_token_id == trainer.data_collator.pad_token_id
+
+
+def test_training_with_dataloader_workers(tmp_path):
+    """Per-example columns reach the loss through worker processes too."""
+    delta, trainer = one_step_update(tmp_path, 4, 2, sample_reweighting="feasible", dataloader_num_workers=2)
+    reference, _ = one_step_update(tmp_path / "ref", 4, 2, sample_reweighting="feasible")
+    assert_same_update(delta, reference)
