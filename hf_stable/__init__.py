@@ -23,6 +23,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "StableSFTConfig": "hf_stable.trainers.sft",
     "StableSFTTrainer": "hf_stable.trainers.sft",
+    "StableGRPOConfig": "hf_stable.trainers.grpo",
+    "StableGRPOTrainer": "hf_stable.trainers.grpo",
 }
 
 __all__ = ["__version__", "get_registry", "list_methods", *_LAZY]
@@ -41,4 +43,5 @@ def __dir__():
 
 
 if TYPE_CHECKING:
+    from .trainers.grpo import StableGRPOConfig, StableGRPOTrainer  # noqa: F401
     from .trainers.sft import StableSFTConfig, StableSFTTrainer  # noqa: F401

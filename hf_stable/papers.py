@@ -20,7 +20,18 @@ class Paper:
 
     @property
     def short(self) -> str:
-        return f"{self.authors.split(',')[0].split(' and ')[0]} et al., {self.title} (arXiv {self.arxiv})"
+        lead = f"{self.authors.split(',')[0].split(' and ')[0]} et al., " if self.authors else ""
+        return f"{lead}{self.title} (arXiv {self.arxiv})"
+
+
+def _arxiv(key: str, title: str, arxiv: str, year: int, authors: str = "") -> Paper:
+    """A paper cited by its arXiv record (authors left out where we have not checked them)."""
+    author_line = f"  author        = {{{authors}}},\n" if authors else ""
+    bibtex = (
+        f"@misc{{{key}{year},\n  title         = {{{title}}},\n{author_line}  year          = {{{year}}},\n"
+        f"  eprint        = {{{arxiv}}},\n  archivePrefix = {{arXiv}}\n}}"
+    )
+    return Paper(key, title, authors, arxiv, year, bibtex)
 
 
 PAPERS = {
@@ -80,6 +91,87 @@ PAPERS = {
             "  author  = {Wu, Yongliang and others},\n"
             "  journal = {arXiv preprint arXiv:2508.05629},\n"
             "  year    = {2025}\n}",
+        ),
+        _arxiv(
+            "sgrpo",
+            "Mitigating Think-Answer Mismatch in LLM Reasoning Through Noise-Aware Advantage Reweighting",
+            "2508.05928",
+            2025,
+            "Shen, Si and Shen, Peijun and Zhao, Wenhua and Zhu, Danhao",
+        ),
+        _arxiv(
+            "delta_l",
+            "Delta L Normalization: Rethink Loss Aggregation in RLVR",
+            "2509.07558",
+            2025,
+            "He, Zhiyuan and Luo, Xufang and Zhang, Yike and Yang, Yuqing and Qiu, Lili",
+        ),
+        _arxiv(
+            "drpo",
+            "DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization",
+            "2510.04474",
+            2025,
+            "Li, Gang and Chen, Yan and Lin, Ming and Yang, Tianbao",
+        ),
+        _arxiv(
+            "sr_grpo",
+            "SR-GRPO: Stable Rank as an Intrinsic Geometric Reward for Large Language Model Alignment",
+            "2512.02807",
+            2025,
+            "Tang, Yixuan and Yang, Yi",
+        ),
+        _arxiv(
+            "dvao",
+            "DVAO: Dynamic Variance-adaptive Advantage Optimization for Multi-reward Reinforcement Learning",
+            "2605.25604",
+            2026,
+            "Jiang, Guochao and Song, Jingyi and Quan, Guofeng and Hao, Chuzhan and Liu, Guohua and Zhang, Yuewei",
+        ),
+        _arxiv(
+            "dynamic_weighting",
+            "Learning to Optimize Multi-Objective Alignment Through Dynamic Reward Weighting",
+            "2509.11452",
+            2025,
+            "Lu, Yining and Wang, Zilong and Li, Shiyang and Liu, Xin and Yu, Changlong and Yin, Qingyu and Shi, "
+            "Zhan and Zhang, Zixuan and Jiang, Meng",
+        ),
+        _arxiv(
+            "ctwa",
+            "Uncovering Cross-Objective Interference in Multi-Objective Alignment",
+            "2602.06869",
+            2026,
+            "Lu, Yining and Jiang, Meng",
+        ),
+        _arxiv(
+            "maxrl",
+            "Maximum Likelihood Reinforcement Learning",
+            "2602.02710",
+            2026,
+            "Tajwar, Fahim and Zeng, Guanning and Zhou, Yueer and Song, Yuda and Arora, Daman and Jiang, Yiding and "
+            "Schneider, Jeff and Salakhutdinov, Ruslan and Feng, Haiwen and Zanette, Andrea",
+        ),
+        _arxiv(
+            "oblr",
+            "OBLR-PO: A Theoretical Framework for Stable Reinforcement Learning",
+            "2511.23310",
+            2025,
+            "Huang, Zixun and Sheng, Jiayi and Zheng, Zeyu",
+        ),
+        _arxiv(
+            "onpolicy_sft",
+            "On-Policy Supervised Fine-Tuning for Efficient Reasoning",
+            "2602.13407",
+            2026,
+            "Zhao, Anhao and Chen, Ziyang and Tong, Junlong and Fan, Yingqi and Ye, Fanghua and Li, Shuhao and Ma, "
+            "Yunpu and Li, Wenjie and Shen, Xiaoyu",
+        ),
+        _arxiv(
+            "brme",
+            "Reward-Robust RLHF in LLMs",
+            "2409.15360",
+            2024,
+            "Yan, Yuzi and Lou, Xingzhou and Li, Jialian and Zhang, Yiping and Xie, Jian and Yu, Chao and Wang, Yu "
+            "and Yan, Dong and Shen, Yuan",
         ),
     )
 }

@@ -85,7 +85,14 @@ class Registry:
 _FAMILIES: dict[str, Registry] = {}
 
 # Modules whose import registers methods. A family that lands adds its module here.
-_METHOD_MODULES = ("hf_stable.losses.sft",)
+_METHOD_MODULES = (
+    "hf_stable.losses.sft",
+    "hf_stable.losses.advantages",
+    "hf_stable.losses.aggregation",
+    "hf_stable.losses.policy",
+    "hf_stable.losses.reward_weighting",
+    "hf_stable.rewards",
+)
 
 
 def _load_all() -> None:

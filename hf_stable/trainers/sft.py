@@ -699,7 +699,7 @@ class StableSFTTrainer(StableStateMixin, SFTTrainer):
 
     def _end_step(self, model, loss: torch.Tensor) -> torch.Tensor:
         if self.args.threshold_normalization == "active" and not self.args.per_sample:
-            active = (self._step_active if self._step_active is not None else torch.zeros((), dtype=torch.float64))
+            active = self._step_active if self._step_active is not None else torch.zeros((), dtype=torch.float64)
             active = active.to(self.accelerator.device)
             if self.args.average_tokens_across_devices and self.args.world_size > 1:
                 active = self.accelerator.reduce(active, reduction="sum")

@@ -1,42 +1,15 @@
 """Two CPU processes (gloo DDP) give the update of one process on the same global batch, for every objective."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from launch_helpers import launch_two_processes
 from safetensors.torch import load_file
 from sft_helpers import GLOBAL_BATCH, OBJECTIVES, assert_same_update, one_step_update
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 SCRIPT = os.path.join(os.path.dirname(__file__), "sft_ddp_script.py")
-
-
-def launch_two_processes(script, *args, port):
-    """`accelerate launch --multi_gpu --num_processes 2` (on a CPU box `--cpu` would run ONE process)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(port),
-        script,
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")

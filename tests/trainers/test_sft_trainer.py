@@ -402,6 +402,6 @@ def test_collator_survives_pickling_for_worker_processes(tmp_path):
 
 def test_training_with_dataloader_workers(tmp_path):
     """Per-example columns reach the loss through worker processes too."""
-    delta, trainer = one_step_update(tmp_path, 4, 2, sample_reweighting="feasible", dataloader_num_workers=2)
+    delta, _ = one_step_update(tmp_path, 4, 2, sample_reweighting="feasible", dataloader_num_workers=2)
     reference, _ = one_step_update(tmp_path / "ref", 4, 2, sample_reweighting="feasible")
     assert_same_update(delta, reference)

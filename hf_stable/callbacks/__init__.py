@@ -1,0 +1,1 @@
+"""Trainer callbacks (learning-rate control, and later merging, stability guards and monitors)."""

@@ -1,0 +1,284 @@
+"""Group advantage estimators for GRPO-style training: pure torch functions of the rewards of a generation batch.
+
+Every estimator has the signature
+
+    estimator(rewards, lengths, num_generations, weights, **params) -> (advantages, metrics)
+
+* ``rewards`` `(N, K)`: one column per reward function, `N = B·G` completions of `B` prompts in consecutive groups of
+  `G = num_generations` (TRL's layout). NaN marks a reward function that did not apply; a row that is NaN everywhere
+  is unscorable and gets advantage 0 (TRL's rule).
+* ``lengths`` `(N,)`: completion lengths (tokens in the loss mask); 0 for empty or masked completions.
+* ``weights`` `(K,)`: the reward weights (TRL's `reward_weights`, possibly adapted by a controller).
+* returns ``advantages`` `(N,)` fp32, finite everywhere, and a dict of scalar metrics.
+
+Edge cases every estimator handles: a group of one (`G = 1`), groups with equal rewards, NaN rewards, empty
+completions. Statistics are computed in fp32 (fp64 where a product of many factors is formed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..papers import PAPERS
+from ..registry import Registry
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "group advantage estimators (GRPO variants)")
+
+# TRL's epsilon in (R - mean) / (std + eps) (`GRPOTrainer._generate_and_score_completions`)
+TRL_STD_EPS = 1e-4
+
+
+def nanstd(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Bessel-corrected std ignoring NaNs; NaN where fewer than two values (`trl.trainer.utils.nanstd`)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True)
+    var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True) * count / (count - 1).clamp(min=1)
+    var = torch.where(count > 1, var, torch.full_like(var, math.nan))
+    std = var.sqrt()
+    return std if keepdim else std.squeeze(dim)
+
+
+def scalar_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted sum over reward functions, NaN-aware; rows with no valid reward stay NaN. `(N, K) -> (N,)`."""
+    rewards = rewards.float()
+    total = (rewards * weights.to(rewards).unsqueeze(0)).nansum(dim=1)
+    return torch.where(torch.isnan(rewards).all(dim=1), torch.full_like(total, math.nan), total)
+
+
+def success_indicator(
+    rewards: torch.Tensor, weights: torch.Tensor, correctness_index: int | None, threshold: float
+) -> torch.Tensor:
+    """Binary correctness `(N,)`: 1 where the chosen reward exceeds ``threshold``, 0 below, NaN where unscored.
+
+    ``correctness_index`` selects one reward column (e.g. the verifier, not a format reward); ``None`` uses the
+    weighted sum.
+    """
+    score = scalar_rewards(rewards, weights) if correctness_index is None else rewards[:, correctness_index].float()
+    return torch.where(torch.isnan(score), score, (score > threshold).float())
+
+
+def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
+    if num_generations < 1 or x.shape[0] % num_generations:
+        raise ValueError(f"{x.shape[0]} completions do not form groups of num_generations={num_generations}.")
+    return x.reshape(-1, num_generations, *x.shape[1:])
+
+
+def _finish(advantages: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(advantages.float(), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def group_zscore(scores: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
+    """TRL's advantage: `(R - group mean) / (std + 1e-4)`, std of the group (`"group"`), of the batch (`"batch"`) or
+    none (`"none"`); NaN-aware, Bessel-corrected, 0 for groups of one. `(N,) -> (N,)`."""
+    grouped = _groups(scores.float(), num_generations)
+    centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    if scale == "none":
+        return _finish(centred.reshape(-1))
+    if scale == "group":
+        std = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(grouped[:, :1])
+    elif scale == "batch":
+        std = nanstd(scores.float(), dim=0) if scores.numel() > 1 else torch.zeros(())
+    else:
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}.")
+    return _finish((centred / (std + TRL_STD_EPS)).reshape(-1))
+
+
+@ADVANTAGE_ESTIMATORS.register(
+    "grpo", paper="Shao et al., DeepSeekMath (GRPO) (arXiv 2402.03300)", url="https://arxiv.org/abs/2402.03300"
+)
+def grpo_advantages(rewards, lengths, num_generations, weights, scale: str = "group"):
+    """GRPO's group-normalised advantage of the weighted reward sum, exactly as TRL computes it
+    (`multi_objective_aggregation="sum_then_normalize"`)."""
+    del lengths
+    advantages = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
+    return advantages, {}
+
+
+def sgrpo_weights(successes: torch.Tensor, valid: torch.Tensor, noise_p: float, eps: float = 1e-8) -> torch.Tensor:
+    """S-GRPO's optimal shrinkage `w*` per group (arXiv 2508.05928; `shenpeijun0212/S-GRPO: group_weight`).
+
+    Args:
+        successes (`torch.Tensor` of shape `(B,)`): observed successes k per group.
+        valid (`torch.Tensor` of shape `(B,)`): scored completions per group (G without NaN rows).
+        noise_p (`float` in [0, 0.5)): probability that a binary reward is flipped.
+
+    Returns:
+        `torch.Tensor` of shape `(B,)`: `(1-2p) t(1-t) / (sqrt(q(1-q)+ε) sqrt(t(1-t)+ε))` with `q = k/G` and
+        `t = clip((q-p)/(1-2p), 0, 1)`; 0 for groups a flip could explain (q ≤ p or q ≥ 1-p) and for groups of one.
+    """
+    if not 0.0 <= noise_p < 0.5:
+        raise ValueError(f"noise_p must be in [0, 0.5), got {noise_p}.")
+    q = successes.double() / valid.double().clamp(min=1)
+    t = ((q - noise_p) / (1 - 2 * noise_p)).clamp(0, 1)
+    w = (1 - 2 * noise_p) * t * (1 - t) / (torch.sqrt(q * (1 - q) + eps) * torch.sqrt(t * (1 - t) + eps))
+    return torch.where(valid > 1, w, torch.zeros_like(w)).float()
+
+
+@ADVANTAGE_ESTIMATORS.register("sgrpo", paper=PAPERS["sgrpo"].short, url=PAPERS["sgrpo"].url, noise_p=0.1)
+def sgrpo_advantages(
+    rewards,
+    lengths,
+    num_generations,
+    weights,
+    noise_p: float = 0.1,
+    correctness_index: int | None = None,
+    success_threshold: float = 0.5,
+    scale: str = "group",
+):
+    """S-GRPO: GRPO's advantage times the noise-aware weight `w*` of its group (arXiv 2508.05928).
+
+    Successes are counted on the correctness reward (``correctness_index``, or the weighted sum) binarised at
+    ``success_threshold``; the advantage itself keeps the weighted reward's z-score. ``noise_p = 0`` gives back GRPO
+    (w* = 1 to 1e-8 on mixed groups). Metrics: ``zero_weight_frac`` (groups ignored as explainable by noise),
+    ``mean_weight``.
+    """
+    del lengths
+    base = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
+    success = _groups(success_indicator(rewards, weights, correctness_index, success_threshold), num_generations)
+    valid = (~torch.isnan(success)).sum(dim=1)
+    w = sgrpo_weights(torch.nansum(success, dim=1), valid, noise_p)
+    advantages = base * w.repeat_interleave(num_generations)
+    mixed = valid > 1
+    metrics = {
+        "zero_weight_frac": (w[mixed] == 0).float().mean().item() if mixed.any() else 0.0,
+        "mean_weight": w[mixed].mean().item() if mixed.any() else 0.0,
+    }
+    return _finish(advantages), metrics
+
+
+def maxrl_coefficient(n: int, k: int, truncation: int | None = None) -> float:
+    """`c_T(K) = Σ_{j=1..T} C(N-K, j-1) / C(N-1, j-1)`: the weight that makes `(1/N) Σ_i c_T r_i ∇log π(o_i)`
+    unbiased for `∇ Σ_{j≤T} pass@j / j` (MaxRL, arXiv 2602.02710; derivation in `docs/grpo.md`).
+
+    Computed as a running product `term_j = term_{j-1} (N-K-j+2)/(N-j+1)`, which stops at 0. `c_N(K) = N/K`,
+    `c_1 = 1`; 0 when there is no success.
+    """
+    if k <= 0 or n <= 0:
+        return 0.0
+    t = n if truncation is None else min(truncation, n)
+    total, term = 0.0, 1.0
+    for j in range(1, t + 1):
+        if j > 1:
+            term *= (n - k - j + 2) / (n - j + 1)
+        if term <= 0:
+            break
+        total += term
+    return total
+
+
+@ADVANTAGE_ESTIMATORS.register("maxrl", paper=PAPERS["maxrl"].short, url=PAPERS["maxrl"].url)
+def maxrl_advantages(
+    rewards,
+    lengths,
+    num_generations,
+    weights,
+    truncation: int | None = None,
+    baseline: str = "mean",
+    adv_clip: float | None = None,
+    correctness_index: int | None = None,
+    success_threshold: float = 0.5,
+):
+    """MaxRL: `A_i = c_T(K) (r_i - r̄)` on binary correctness (arXiv 2602.02710).
+
+    With ``truncation=None`` (T = G) this is `(r_i - r̄)/r̄`, "divide by the mean instead of the std"; T = 1 is
+    Dr. GRPO's `r_i - r̄`. ``baseline="none"`` drops the mean (unbiased for `∇J_T` without a baseline). Groups without
+    a success get 0. ``adv_clip`` bounds |A| (a lone success among G gets G-1).
+    """
+    del lengths
+    if baseline not in ("mean", "none"):
+        raise ValueError(f"baseline must be 'mean' or 'none', got {baseline!r}.")
+    if truncation is not None and truncation < 1:
+        raise ValueError(f"truncation must be >= 1 or None, got {truncation}.")
+    r = _groups(success_indicator(rewards, weights, correctness_index, success_threshold), num_generations)
+    valid = (~torch.isnan(r)).sum(dim=1)
+    k = torch.nansum(r, dim=1)
+    c = torch.tensor(
+        [maxrl_coefficient(int(n), int(s), truncation) for n, s in zip(valid.tolist(), k.tolist(), strict=True)],
+        dtype=torch.float32,
+        device=r.device,
+    )
+    centred = r - torch.nanmean(r, dim=1, keepdim=True) if baseline == "mean" else r
+    advantages = c[:, None] * centred
+    if adv_clip is not None:
+        advantages = advantages.clamp(-adv_clip, adv_clip)
+    has_success = k > 0
+    metrics = {
+        "mean_coefficient": c[has_success].mean().item() if has_success.any() else 0.0,
+        "frac_groups_no_success": (~has_success).float().mean().item(),
+    }
+    return _finish(advantages.reshape(-1)), metrics
+
+
+@ADVANTAGE_ESTIMATORS.register("dvao", paper=PAPERS["dvao"].short, url=PAPERS["dvao"].url, sigma_power=1.0)
+def dvao_advantages(rewards, lengths, num_generations, weights, sigma_power: float = 1.0, eps: float = 1e-6):
+    """DVAO: per-objective z-scores combined with weights ∝ `b_k σ_k^γ` within each group (arXiv 2605.25604,
+    formula reconstructed from the abstract; population std).
+
+    Objectives that do not separate a group's completions (σ_k = 0) get no weight; for γ = 1 conflicting objectives
+    damp the advantage (`mean A² ≤ 1`), and always `|A_i| ≤ sqrt(G-1)`. NaN entries contribute 0 to their
+    objective; groups with fewer than two scored completions get 0.
+    """
+    del lengths
+    r = _groups(rewards.float(), num_generations)  # (B, G, K)
+    mu = torch.nanmean(r, dim=1, keepdim=True)
+    sigma = torch.nanmean((r - mu) ** 2, dim=1, keepdim=True).sqrt()  # population std
+    sigma = torch.nan_to_num(sigma, nan=0.0)
+    b = weights.to(r).view(1, 1, -1)
+    num = b.abs() * sigma.pow(sigma_power)  # a negative base weight flips its objective's direction, not the mixture
+    den = num.sum(-1, keepdim=True)
+    v = torch.where(den > eps, num / den.clamp(min=eps), torch.zeros_like(num))
+    z = torch.where(sigma > eps, torch.sign(b) * (r - mu) / (sigma + eps), torch.zeros_like(r))
+    advantages = torch.nan_to_num(v * z, nan=0.0).sum(-1)
+    valid = (~torch.isnan(r).all(dim=-1)).sum(dim=1, keepdim=True)
+    advantages = torch.where(valid > 1, advantages, torch.zeros_like(advantages))
+    return _finish(advantages.reshape(-1)), {"mean_abs_advantage": advantages.abs().mean().item()}
+
+
+@ADVANTAGE_ESTIMATORS.register("oblr", paper=PAPERS["oblr"].short, url=PAPERS["oblr"].url, norm_proxy="length")
+def oblr_advantages(
+    rewards,
+    lengths,
+    num_generations,
+    weights,
+    norm_proxy: str = "length",
+    leave_one_out: bool = True,
+    scale: str = "none",
+):
+    """OBLR-PO's baseline: the variance-optimal `b = Σ w_i r_i / Σ w_i` with `w_i ≈ ||∇ log π(o_i)||²`
+    (arXiv 2511.23310; a reconstruction from the abstract and classical theory).
+
+    ``norm_proxy="length"`` uses `w_i = L_i` (per-token gradients roughly independent); ``"uniform"`` is the plain
+    mean. With ``leave_one_out`` each sample's baseline excludes itself (unbiased). A group whose weights are all 0
+    falls back to the plain mean. ``scale="group"`` divides by the group std as GRPO does.
+    """
+    if norm_proxy not in ("length", "uniform"):
+        raise ValueError(f"norm_proxy must be 'length' or 'uniform', got {norm_proxy!r}.")
+    r = _groups(scalar_rewards(rewards, weights), num_generations)
+    valid = ~torch.isnan(r)
+    w = _groups(lengths.float(), num_generations) if norm_proxy == "length" else torch.ones_like(r)
+    w = torch.where(valid, w.clamp(min=0), torch.zeros_like(w))
+    uniform = valid.float()
+    if (w.sum(dim=1) <= 0).any():  # all-empty group: plain mean there
+        w = torch.where((w.sum(dim=1, keepdim=True) > 0), w, uniform)
+    wr = torch.where(valid, w * r, torch.zeros_like(r))
+    if leave_one_out:
+        num = wr.sum(dim=1, keepdim=True) - wr
+        den = w.sum(dim=1, keepdim=True) - w
+        fallback_num = torch.where(valid, r, 0.0).sum(dim=1, keepdim=True) - torch.where(valid, r, 0.0)
+        fallback_den = uniform.sum(dim=1, keepdim=True) - uniform
+        baseline = torch.where(
+            den > 0,
+            num / den.clamp(min=1e-12),
+            torch.where(fallback_den > 0, fallback_num / fallback_den.clamp(min=1), r),
+        )
+    else:
+        baseline = wr.sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp(min=1e-12)
+    advantages = r - baseline
+    if scale == "group" and num_generations > 1:
+        advantages = advantages / (nanstd(r, dim=1, keepdim=True) + TRL_STD_EPS)
+    elif scale not in ("group", "none"):
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}.")
+    return _finish(advantages.reshape(-1)), {}

@@ -1,0 +1,145 @@
+"""Policy losses beyond TRL's `loss_type`s: DRPO and on-policy SFT. Pure torch functions.
+
+TRL shuffles a generation batch before splitting it into micro-batches, so a micro-batch never holds whole groups:
+everything group-coupled (DRPO's per-sample coefficients, on-policy SFT's kept mask) is computed once per generation
+batch by the `*_coefficients` / `*_keep` functions and travels with each sample; the losses below only need the
+per-token tensors of one micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..papers import PAPERS
+from ..registry import Registry
+
+
+LOSS_MODES = Registry("loss_mode", "policy losses that replace PPO-clip")
+
+
+def sequence_logp(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Length-normalised log-likelihood `s(o) = (1/L) Σ_t log π(o_t)`, 0 for empty completions. `(B, T) -> (B,)`."""
+    mask = mask.float()
+    return (torch.where(mask > 0, per_token_logps.float(), 0.0)).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def drpo_coefficients(
+    correct: torch.Tensor,
+    lengths: torch.Tensor,
+    num_generations: int,
+    max_length: int,
+    lam: float = 0.1,
+    tau: float = 10.0,
+    seq_logp_old: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DRPO's per-sample coefficients `c_i` (Li et al., arXiv 2510.04474; `Optimization-AI/DRPO:
+    compute_policy_loss_drpo`).
+
+    In a group with at least one correct and one incorrect completion: correct ones get `+softmax_P(r_len/λ)` with
+    `r_len = 1 - L/L_max` (weights summing to 1 over the positives: shorter is preferred *among correct answers*, never
+    at the cost of a negative sign), incorrect ones `-softmax_N(s_old/τ)` (or `-1/|N|` without ``seq_logp_old``).
+    Other groups, empty completions and unscored (NaN) ones get 0.
+
+    Args:
+        correct (`torch.Tensor` of shape `(N,)`): 1 correct, 0 incorrect, NaN unscored.
+        lengths (`torch.Tensor` of shape `(N,)`): completion lengths.
+        num_generations (`int`): G.
+        max_length (`int`): L_max of the length reward (`max_completion_length`, not the padded width).
+        lam (`float`, defaults to `0.1`): temperature λ of the length preference.
+        tau (`float`, defaults to `10.0`): temperature τ of the negatives' soft-max.
+        seq_logp_old (`torch.Tensor` of shape `(N,)`, *optional*): `s_old(o)` of each completion.
+
+    Returns:
+        `(coefficients (N,), metrics)`; the trainer uses `G·c_i` as the "advantage" so that a mean over samples is
+        `(1/#prompts) Σ_i c_i s(o_i)`.
+    """
+    if lam <= 0 or tau <= 0:
+        raise ValueError(f"lam and tau must be > 0, got lam={lam}, tau={tau}.")
+    c = _groups(correct.float(), num_generations)
+    length = _groups(lengths.float(), num_generations)
+    nonempty = length > 0
+    pos = (c == 1) & nonempty
+    neg = (c == 0) & nonempty
+    valid_group = pos.any(1, keepdim=True) & neg.any(1, keepdim=True)
+    neg_inf = torch.full_like(length, -torch.inf)
+    r_len = 1.0 - length / max_length
+    w_pos = torch.softmax(torch.where(pos, r_len / lam, neg_inf), dim=1)  # fp32: small λ overflows in bf16
+    score = _groups(seq_logp_old.float(), num_generations) / tau if seq_logp_old is not None else torch.zeros_like(c)
+    w_neg = torch.softmax(torch.where(neg, score, neg_inf), dim=1)
+    coef = torch.where(pos, w_pos, torch.where(neg, -w_neg, torch.zeros_like(c)))
+    coef = torch.where(valid_group, torch.nan_to_num(coef, nan=0.0), torch.zeros_like(coef))
+    metrics = {"frac_valid_groups": valid_group.float().mean().item()}
+    return coef.reshape(-1), metrics
+
+
+def drpo_loss(
+    per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    old_per_token_logps: torch.Tensor | None = None,
+    delta: float = 1e-4,
+    beta: float = 1e3,
+    kl_type: str = "kl",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DRPO loss of one micro-batch: `-mean_i a_i s(o_i) + [max(β(KL - δ), 0)]_sg · KL`.
+
+    `KL` is the masked token mean of `log π_old - log π` (``kl_type="kl"``) or of the k3 estimator
+    `exp(d) - d - 1`, `d = log π_old - log π` (``"k3"``): a trust region around the sampling policy, with no ratio
+    clipping. On-policy (no ``old_per_token_logps``) the KL and its gradient are 0.
+
+    Args:
+        per_token_logps (`torch.Tensor` of shape `(B, T)`): log π of the completion tokens (with grad).
+        mask (`torch.Tensor` of shape `(B, T)`): completion tokens in the loss.
+        advantages (`torch.Tensor` of shape `(B,)`): `G·c_i` from [`drpo_coefficients`] (detached).
+
+    Returns:
+        `(loss, {"policy_loss", "kl", "penalty"})`; divide the loss for gradient accumulation in the caller.
+    """
+    s = sequence_logp(per_token_logps, mask)
+    policy = -(advantages.detach().float() * s).mean()
+    if old_per_token_logps is None:
+        kl = (per_token_logps * 0.0).sum()
+    else:
+        d = torch.where(mask > 0, old_per_token_logps.float() - per_token_logps.float(), 0.0)
+        if kl_type == "k3":
+            d = torch.where(mask > 0, torch.exp(d) - d - 1, 0.0)
+        elif kl_type != "kl":
+            raise ValueError(f"kl_type must be 'kl' or 'k3', got {kl_type!r}.")
+        kl = d.sum() / mask.float().sum().clamp(min=1)
+    penalty = torch.relu(beta * (kl - delta)).detach() * kl
+    return policy + penalty, {"policy_loss": policy.detach(), "kl": kl.detach(), "penalty": penalty.detach()}
+
+
+LOSS_MODES.register("drpo", paper=PAPERS["drpo"].short, url=PAPERS["drpo"].url, lam=0.1, tau=10.0)(drpo_loss)
+
+
+def onpolicy_sft_keep(correct: torch.Tensor, eos_present: torch.Tensor, require_eos: bool = True) -> torch.Tensor:
+    """Kept completions of on-policy SFT: correct and (with ``require_eos``) not cut off at the length budget.
+    `(N,), (N,) -> (N,)` bool; NaN correctness is not kept."""
+    keep = correct == 1
+    return keep & eos_present.bool() if require_eos else keep
+
+
+def onpolicy_sft_loss(
+    per_token_logps: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor | float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """On-policy SFT (arXiv 2602.13407): NLL of the kept self-generated tokens, `-Σ_t m_t log π(o_t) / normalizer`.
+
+    ``mask`` is already zero on dropped completions; ``normalizer`` is the kept-token count of the step (global, per
+    process) or a constant. A micro-batch with nothing kept gives a finite 0 that still reaches every parameter (so
+    every DDP/ZeRO rank runs a backward).
+    """
+    nll = -(torch.where(mask > 0, per_token_logps.float(), 0.0)).sum()
+    loss = nll / torch.as_tensor(normalizer, dtype=torch.float32, device=nll.device).clamp(min=1)
+    return loss, {"policy_loss": loss.detach(), "kept_tokens": mask.float().sum().detach()}
+
+
+LOSS_MODES.register("onpolicy_sft", paper=PAPERS["onpolicy_sft"].short, url=PAPERS["onpolicy_sft"].url)(
+    onpolicy_sft_loss
+)
+
+
+def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
+    if num_generations < 1 or x.shape[0] % num_generations:
+        raise ValueError(f"{x.shape[0]} completions do not form groups of num_generations={num_generations}.")
+    return x.reshape(-1, num_generations)

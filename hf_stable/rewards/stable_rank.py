@@ -1,0 +1,105 @@
+"""SR-GRPO's intrinsic reward: the stable rank of a response's hidden states (Tang & Yang, arXiv 2512.02807).
+
+`SR(H) = ||H||_F² / ||H||_2²` of the final-layer hidden states `H (T, d)` at the response positions: total variance
+over the variance along the dominant direction, in `[1, min(T, d)]`. Repetitive, collapsed text scores near 1. Which
+layer, which model and which tokens are our choices (no author code is public); they are arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def stable_rank(hidden: torch.Tensor, center: bool = False, eps: float = 1e-12) -> torch.Tensor:
+    """Stable rank of ``hidden`` `(T, d)` (or a batch `(..., T, d)`), in fp32 via the smaller Gram matrix.
+
+    Returns `||H||_F² / λ_max(G)` with `G = H Hᵀ` (T < d) or `Hᵀ H`; 1 for a rank-one matrix, `min(T, d)` for
+    orthonormal rows, 0 for an all-zero matrix.
+    """
+    h = hidden.float()
+    if center:
+        h = h - h.mean(dim=-2, keepdim=True)
+    gram = h @ h.transpose(-1, -2) if h.shape[-2] < h.shape[-1] else h.transpose(-1, -2) @ h
+    frob2 = (h * h).sum(dim=(-2, -1))
+    top = torch.linalg.eigvalsh(gram)[..., -1].clamp(min=0)
+    return torch.where(top > eps, frob2 / top.clamp(min=eps), torch.zeros_like(frob2))
+
+
+class StableRankReward:
+    """A TRL reward function scoring each completion by the stable rank of its hidden states.
+
+    A plain callable, not an `nn.Module`: TRL treats module rewards as sequence classifiers. It re-tokenises prompt
+    and completion the way TRL's generation did (chat template for conversational prompts), runs the scoring model
+    without gradients, and takes the hidden states of the completion tokens.
+
+    Args:
+        model: the scoring model, e.g. a frozen copy of the initial policy (so the policy cannot game its own
+            geometry) or the policy itself.
+        tokenizer: its tokenizer.
+        layer (`int`, defaults to `-1`): which `hidden_states` entry (-1: the last layer's output).
+        center (`bool`, defaults to `False`): centre the hidden states first (a PCA-style reading).
+        normalize (`str`, defaults to `"none"`): `"none"`, `"by_T"` (`SR / min(T, d)`, removes the length advantage)
+            or `"log"`.
+        batch_size (`int`, defaults to `16`): completions per forward.
+
+    Returns, when called: one float per completion; `None` (TRL's "not applicable") for an empty completion.
+    """
+
+    def __init__(
+        self, model, tokenizer, layer: int = -1, center: bool = False, normalize: str = "none", batch_size: int = 16
+    ):
+        if normalize not in ("none", "by_T", "log"):
+            raise ValueError(f"normalize must be 'none', 'by_T' or 'log', got {normalize!r}.")
+        self.model, self.tokenizer = model, tokenizer
+        self.layer, self.center, self.normalize, self.batch_size = layer, center, normalize, batch_size
+        self.__name__ = "stable_rank"  # TRL names reward columns after __name__
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ]
+
+    @torch.no_grad()
+    def __call__(self, prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
+        if completion_ids is None:
+            completion_ids = [
+                self.tokenizer(c if isinstance(c, str) else c[-1]["content"], add_special_tokens=False)["input_ids"]
+                for c in completions
+            ]
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        scores: list[float | None] = []
+        was_training = self.model.training
+        self.model.eval()
+        for start in range(0, len(prompts), self.batch_size):
+            rows = [
+                (self._prompt_ids(p), list(c))
+                for p, c in zip(
+                    prompts[start : start + self.batch_size],
+                    completion_ids[start : start + self.batch_size],
+                    strict=True,
+                )
+            ]
+            width = max(len(p) + len(c) for p, c in rows)
+            ids = torch.tensor([p + c + [pad] * (width - len(p) - len(c)) for p, c in rows], device=device)
+            mask = torch.tensor(
+                [[1] * (len(p) + len(c)) + [0] * (width - len(p) - len(c)) for p, c in rows], device=device
+            )
+            hidden = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[
+                self.layer
+            ]
+            for row, (p, c) in enumerate(rows):
+                if not c:
+                    scores.append(None)
+                    continue
+                h = hidden[row, len(p) : len(p) + len(c)]
+                sr = stable_rank(h, center=self.center).item()
+                if self.normalize == "by_T":
+                    sr /= min(h.shape)
+                elif self.normalize == "log":
+                    sr = float(torch.log(torch.tensor(max(sr, 1e-12))))
+                scores.append(sr)
+        self.model.train(was_training)
+        return scores

@@ -1,0 +1,61 @@
+"""Validation evaluations for the hypervolume-guided reward weighting of `StableGRPOTrainer`."""
+
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.models.utils import unwrap_model_for_generation
+
+
+class HypervolumeCallback(TrainerCallback):
+    """Evaluates the per-objective mean rewards of greedy completions on a fixed validation set before training (the
+    hypervolume reference point) and every `drw_eval_every` steps, and feeds them to the controller."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        args = trainer.args
+        source = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset
+        if isinstance(source, dict):
+            source = next(iter(source.values()))
+        self.rows = [source[i] for i in range(min(args.drw_val_size, len(source)))]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer._controller.reference is None:
+            self._evaluate()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.drw_eval_every == 0:
+            self._evaluate()
+
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        trainer = self.trainer
+        prompts = [row["prompt"] for row in self.rows]
+        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+        pad = trainer.processing_class.pad_token_id
+        width = max(map(len, prompt_ids))
+        device = trainer.accelerator.device
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompt_ids], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+        # every process evaluates the whole (small) set: no uneven gathers, and collective under ZeRO-3
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+            was_training = model.training
+            model.eval()
+            out = model.generate(input_ids=ids, attention_mask=attention, do_sample=False, pad_token_id=pad,
+                                 max_new_tokens=trainer.max_completion_length, eos_token_id=trainer.eos_token_ids)
+            model.train(was_training)
+        completion_ids = []
+        for row in out[:, width:].tolist():
+            ends = [i for i, t in enumerate(row) if t in trainer.eos_token_ids]
+            completion_ids.append(row[: ends[0] + 1] if ends else row)
+        texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        if is_conversational({"prompt": prompts[0]}):
+            completions = [[{"role": "assistant", "content": t}] for t in texts]
+        else:
+            completions = texts
+        rewards = GRPOTrainer._calculate_rewards(trainer, self.rows, prompts, completions, completion_ids)
+        metrics = trainer._controller.validation_point(torch.nanmean(rewards.float(), dim=0).cpu())
+        for key, value in metrics.items():
+            trainer._metrics["train"][f"stable/grpo/{key}"].append(value)
