@@ -106,7 +106,7 @@ def write_training_card(
     """Render ``card`` to ``output_dir/README.md`` (atomically) and return the path."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    if base_model and os.path.isdir(base_model):  # a local path is not a Hub lineage
+    if not base_model or os.path.isdir(base_model):  # a local path (or none) is not a Hub lineage
         base_model = None
     tags = ["generated_from_trainer", *dict.fromkeys(card.tags)]
     data = ModelCardData(

@@ -168,3 +168,72 @@ def test_trl_parser_and_accelerate_launcher():
         and parsed.training_script_args == ["--x", "1"]
         and callable(launch_command),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GRPO hooks
+
+
+@pytest.fixture(scope="module")
+def grpo_trained(tmp_path_factory):
+    from grpo_helpers import grpo_run
+
+    _, trainer = grpo_run(
+        tmp_path_factory.mktemp("grpo-contract"), advantage_estimator="maxrl", correctness_reward_index=0
+    )
+    return trainer
+
+
+def test_grpo_hooks_exist_with_their_signatures():
+    from trl import GRPOTrainer
+
+    expected = {
+        "_calculate_rewards": ["inputs", "prompts", "completions", "completion_ids_list"],
+        "_generate_and_score_completions": ["inputs"],
+        "_compute_loss": ["model", "inputs"],
+        "_get_per_token_logps_and_entropies": ["model", "input_ids", "attention_mask", "logits_to_keep"],
+        "_tokenize_prompts": ["prompts"],
+        "training_step": ["model", "inputs", "num_items_in_batch"],
+    }
+    for name, params in expected.items():
+        got = _params(getattr(GRPOTrainer, name))[1:]
+        _contract(f"GRPOTrainer.{name}", got[: len(params)] == params, f"signature is now {got}")
+    _contract(
+        "GRPOTrainer.loss_is_scaled_for_ga",
+        GRPOTrainer.loss_is_scaled_for_ga is True,
+        "GRPO losses are divided for accumulation inside `_compute_loss`",
+    )
+
+
+def test_grpo_calculate_rewards_returns_gathered_matrix(grpo_trained):
+    """`_calculate_rewards` returns `(N_global, K)`; `_generate_and_score_completions` returns the local slice with
+    `advantages`, `completion_mask`, `completion_ids`, `num_items_in_batch`; `_logs` keeps per-completion rows."""
+    rewards = grpo_trained._stash_rewards
+    _contract("GRPOTrainer._calculate_rewards", rewards is not None and rewards.shape == (8, 2), str(rewards))
+    logs = grpo_trained._logs
+    _contract(
+        "GRPOTrainer._logs",
+        len(logs["advantages"]) == 8 and set(logs["rewards"]) == {"arithmetic_reward", "length_reward"},
+        str({k: len(v) for k, v in logs.items()}),
+    )
+    for attr in (
+        "reward_weights",
+        "reward_func_names",
+        "num_generations",
+        "num_generations_eval",
+        "eos_token_ids",
+        "max_completion_length",
+        "_metrics",
+    ):
+        _contract(f"GRPOTrainer.{attr}", hasattr(grpo_trained, attr))
+
+
+def test_grpo_rollout_func_and_generation_helpers():
+    from trl import GRPOTrainer
+    from trl.models.utils import unwrap_model_for_generation
+
+    _contract("GRPOTrainer(rollout_func=...)", "rollout_func" in _params(GRPOTrainer.__init__))
+    _contract(
+        "trl.models.utils.unwrap_model_for_generation",
+        _params(unwrap_model_for_generation)[:2] == ["model", "accelerator"],
+    )

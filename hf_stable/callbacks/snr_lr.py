@@ -52,8 +52,9 @@ class MicroBatchSNR:
         self._reset()
 
     def _flat_grad(self) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
-                          for p in self.params])
+        return torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float() for p in self.params]
+        )
 
     def _reset(self):
         self._sum, self._sq, self._count, self._before = None, 0.0, 0, None

@@ -43,8 +43,14 @@ class HypervolumeCallback(TrainerCallback):
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
             was_training = model.training
             model.eval()
-            out = model.generate(input_ids=ids, attention_mask=attention, do_sample=False, pad_token_id=pad,
-                                 max_new_tokens=trainer.max_completion_length, eos_token_id=trainer.eos_token_ids)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                do_sample=False,
+                pad_token_id=pad,
+                max_new_tokens=trainer.max_completion_length,
+                eos_token_id=trainer.eos_token_ids,
+            )
             model.train(was_training)
         completion_ids = []
         for row in out[:, width:].tolist():

@@ -71,8 +71,15 @@ class CTWAController(RewardWeightController):
         cov, metrics = ctwa_covariance(rewards, advantages, num_generations, use_corr=self.args.ctwa_use_corr)
         means = torch.nanmean(rewards.float(), dim=0)
         self.log_weights, self.ema, deficit = ctwa_update(
-            self.log_weights, self.ema, cov, self.targets, self.args.ctwa_lambda_lr, self.args.ctwa_ema_tau,
-            objective_means=means, objective_targets=self.obj_targets, max_log_weight=self.args.ctwa_max_log_weight,
+            self.log_weights,
+            self.ema,
+            cov,
+            self.targets,
+            self.args.ctwa_lambda_lr,
+            self.args.ctwa_ema_tau,
+            objective_means=means,
+            objective_targets=self.obj_targets,
+            max_log_weight=self.args.ctwa_max_log_weight,
         )
         out = {f"ctwa/cov_{k}": v for k, v in enumerate(cov.tolist())}
         out.update({f"ctwa/deficit_{k}": v for k, v in enumerate(deficit.tolist())})
@@ -188,5 +195,7 @@ class HypervolumeController(RewardWeightController):
             self.multiplier = float(state["multiplier"])
 
 
-CONTROLLERS = {c.name: c for c in (RewardWeightController, CTWAController, LagrangianController, GradientController,
-                                   HypervolumeController)}
+CONTROLLERS = {
+    c.name: c
+    for c in (RewardWeightController, CTWAController, LagrangianController, GradientController, HypervolumeController)
+}

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import logging
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from ..callbacks.snr_lr import MicroBatchSNR, SNRLearningRateCallback
+from ..cards import TrainingCard, write_training_card
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore, success_indicator
 from ..losses.aggregation import delta_l_weights
 from ..losses.policy import (
@@ -33,6 +35,7 @@ from ..losses.policy import (
     sequence_logp,
 )
 from ..losses.reward_weighting import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, brme_reward, influence_scores
+from ..papers import PAPERS
 from ..rewards.stable_rank import StableRankReward
 from ._base import StableStateMixin, TokenFreeConfigMixin
 from ._reward_control import CONTROLLERS, GradientController, HypervolumeController
@@ -43,8 +46,18 @@ logger = logging.getLogger(__name__)
 
 _LOSS_MODES = ("ppo", *LOSS_MODES.names())
 # model inputs besides ids/mask that TRL's `_compute_loss` forwards (vision-language models)
-_EXTRA_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-                       "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+_EXTRA_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 @dataclass
@@ -364,8 +377,9 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
         self._stash_rewards: torch.Tensor | None = None
         self._snr = None
         if args.oblr_adaptive_lr:
-            self._snr = MicroBatchSNR(self.model.named_parameters(), args.oblr_snr_params, args.oblr_snr_ema,
-                                      args.oblr_lr_min_ratio)
+            self._snr = MicroBatchSNR(
+                self.model.named_parameters(), args.oblr_snr_params, args.oblr_snr_ema, args.oblr_lr_min_ratio
+            )
             self.add_callback(SNRLearningRateCallback(self._snr))
         if isinstance(self._controller, HypervolumeController):
             from ._hypervolume import HypervolumeCallback
@@ -452,8 +466,9 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
             metrics.update({f"{args.advantage_estimator}/{k}": v for k, v in extra.items()})
 
         if args.delta_l_alpha is not None:
-            weights, extra = delta_l_weights(lengths, args.delta_l_alpha, num_generations, args.delta_l_scope,
-                                             args.delta_l_max_weight)
+            weights, extra = delta_l_weights(
+                lengths, args.delta_l_alpha, num_generations, args.delta_l_scope, args.delta_l_max_weight
+            )
             advantages = advantages * weights
             metrics.update({f"delta_l/{k}": v for k, v in extra.items()})
         multiplier = self._controller.advantage_multiplier
@@ -483,16 +498,21 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
         common = {"correctness_index": args.correctness_reward_index, "success_threshold": args.success_threshold}
         return {
             "sgrpo": {"noise_p": args.sgrpo_noise_p, "scale": args.scale_rewards, **common},
-            "maxrl": {"truncation": args.maxrl_truncation, "baseline": args.maxrl_baseline,
-                      "adv_clip": args.maxrl_adv_clip, **common},
+            "maxrl": {
+                "truncation": args.maxrl_truncation,
+                "baseline": args.maxrl_baseline,
+                "adv_clip": args.maxrl_adv_clip,
+                **common,
+            },
             "dvao": {"sigma_power": args.dvao_sigma_power},
             "oblr": {"norm_proxy": args.oblr_norm_proxy, "leave_one_out": args.oblr_loo, "scale": args.oblr_scale},
         }[args.advantage_estimator]
 
     def _correctness(self, out, rewards) -> tuple[torch.Tensor, torch.Tensor]:
         """Global binary correctness and whether each completion ended on eos (not cut at the budget)."""
-        correct = success_indicator(rewards, self.reward_weights, self.args.correctness_reward_index,
-                                    self.args.success_threshold)
+        correct = success_indicator(
+            rewards, self.reward_weights, self.args.correctness_reward_index, self.args.success_threshold
+        )
         ids, mask = out["completion_ids"], out["completion_mask"]
         last = ids.gather(1, (mask.sum(1) - 1).clamp(min=0).long().unsqueeze(1)).squeeze(1)
         eos = torch.isin(last, torch.tensor(self.eos_token_ids, device=ids.device)) & (mask.sum(1) > 0)
@@ -507,8 +527,15 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
             if old is None:
                 old = self._policy_logps(out)
             seq_old = self.accelerator.gather(sequence_logp(old, out["completion_mask"]))
-        coef, extra = drpo_coefficients(correct, lengths, num_generations, self.max_completion_length,
-                                        self.args.drpo_lambda, self.args.drpo_tau, seq_old)
+        coef, extra = drpo_coefficients(
+            correct,
+            lengths,
+            num_generations,
+            self.max_completion_length,
+            self.args.drpo_lambda,
+            self.args.drpo_tau,
+            seq_old,
+        )
         metrics.update({f"drpo/{k}": v for k, v in extra.items()})
         return coef * num_generations
 
@@ -553,10 +580,17 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
             grads = []
             for k in range(rewards.shape[1]):
                 a_k = group_zscore(rewards[:, k], num_generations, self.args.scale_rewards)[local].to(s)
-                g = torch.autograd.grad((a_k * s).sum() / rewards.shape[0], params, retain_graph=True,
-                                        allow_unused=True)
-                grads.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1)
-                                        for x, p in zip(g, params, strict=True)]))
+                g = torch.autograd.grad(
+                    (a_k * s).sum() / rewards.shape[0], params, retain_graph=True, allow_unused=True
+                )
+                grads.append(
+                    torch.cat(
+                        [
+                            (x if x is not None else torch.zeros_like(p)).reshape(-1)
+                            for x, p in zip(g, params, strict=True)
+                        ]
+                    )
+                )
         grads = torch.stack(grads)
         if self.accelerator.num_processes > 1:
             grads = self.accelerator.reduce(grads, reduction="sum")
@@ -575,13 +609,24 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True,
+            model,
+            ids,
+            attention,
+            inputs["completion_ids"].size(1),
+            compute_entropy=True,
             **{key: inputs.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if self.args.loss_mode == "drpo":
-            loss, parts = drpo_loss(per_token_logps, mask, inputs["advantages"], inputs.get("old_per_token_logps"),
-                                    self.args.drpo_delta, self.args.drpo_beta, self.args.drpo_kl_type)
+            loss, parts = drpo_loss(
+                per_token_logps,
+                mask,
+                inputs["advantages"],
+                inputs.get("old_per_token_logps"),
+                self.args.drpo_delta,
+                self.args.drpo_beta,
+                self.args.drpo_kl_type,
+            )
             loss = loss / accumulation
             self._metrics[mode]["stable/grpo/drpo/kl"].append(self.accelerator.gather(parts["kl"]).mean().item())
         else:
@@ -627,7 +672,99 @@ class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
                 "state is not restored."
             )
         else:
-            self._controller.load_state_dict({k.split(".", 1)[1]: v for k, v in tensors.items()
-                                              if k.startswith("controller.")})
+            self._controller.load_state_dict(
+                {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("controller.")}
+            )
         if self._snr is not None and "snr" in meta:
             self._snr.load_state_dict(meta["snr"])
+
+    # ------------------------------------------------------------------------------------------------------------
+    # model card
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """Write `README.md` in `output_dir`: the active GRPO variants with their settings and papers."""
+        if not self.is_world_process_zero():
+            return
+        args = self.args
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        lines, papers = [], []
+        chosen = {
+            "advantage_estimator": args.advantage_estimator,
+            "loss_type": args.loss_type,
+            "loss_mode": args.loss_mode,
+            "reward_weighting": args.reward_weighting,
+            "reward_functions": list(self.reward_func_names),
+            "reward_weights": [round(w, 6) for w in self._controller.weights.tolist()],
+        }
+        for family, name, paper in (
+            (
+                "advantage estimator",
+                args.advantage_estimator,
+                {"sgrpo": "sgrpo", "maxrl": "maxrl", "dvao": "dvao", "oblr": "oblr"}.get(args.advantage_estimator),
+            ),
+            ("loss mode", args.loss_mode, {"drpo": "drpo", "onpolicy_sft": "onpolicy_sft"}.get(args.loss_mode)),
+            (
+                "reward weighting",
+                args.reward_weighting,
+                {"hypervolume": "dynamic_weighting", "gradient": "dynamic_weighting", "ctwa": "ctwa"}.get(
+                    args.reward_weighting
+                ),
+            ),
+        ):
+            lines.append(f"- {family}: `{name}`")
+            if paper:
+                papers.append(PAPERS[paper])
+                tags.append(name)
+        for active, text, key in (
+            (args.delta_l_alpha is not None, f"ΔL normalisation, α = {args.delta_l_alpha}", "delta_l"),
+            (args.robust_reward == "brme", f"robust reward (BRME), λ = {args.brme_lambda}", "brme"),
+            (args.stable_rank_reward, f"stable-rank reward (SR-GRPO), weight {args.stable_rank_weight}", "sr_grpo"),
+            (args.oblr_adaptive_lr, "SNR-scaled learning rate (OBLR-PO)", "oblr"),
+        ):
+            if active:
+                lines.append(f"- {text}")
+                if PAPERS[key] not in papers:
+                    papers.append(PAPERS[key])
+        fields = {f.name for f in dataclasses.fields(StableGRPOConfig)} - {
+            f.name for f in dataclasses.fields(GRPOConfig)
+        }
+        chosen.update(
+            {
+                name: getattr(args, name)
+                for name in sorted(fields)
+                if name.startswith(
+                    {"sgrpo": "sgrpo_", "maxrl": "maxrl_", "dvao": "dvao_", "oblr": "oblr_"}.get(
+                        args.advantage_estimator, "-"
+                    )
+                )
+            }
+        )
+        chosen.update(
+            learning_rate=args.learning_rate,
+            num_generations=args.num_generations,
+            beta=args.beta,
+            max_completion_length=args.max_completion_length,
+            max_steps=args.max_steps,
+        )
+        method = "\n".join(lines) + (
+            "\n\n" + "\n".join(f"Paper: [{p.title}]({p.url})." for p in papers) if papers else ""
+        )
+        card = TrainingCard(
+            trainer_name="StableGRPOTrainer",
+            trl_trainer="GRPOTrainer",
+            method=method,
+            settings=chosen,
+            tags=[*self._tag_names, *tags],
+            citations=[p.bibtex for p in papers],
+            example_prompt="1+2=",
+        )
+        base = getattr(self.model.config, "_name_or_path", None)
+        model_name = model_name or os.path.basename(os.path.abspath(args.output_dir))
+        write_training_card(
+            card,
+            args.output_dir,
+            model_name=model_name,
+            base_model=base,
+            hub_model_id=self.hub_model_id if args.push_to_hub else None,
+            dataset_name=dataset_name,
+        )

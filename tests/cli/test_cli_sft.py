@@ -120,3 +120,56 @@ def test_accelerate_config_errors(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("distributed_type: NO\n")
     assert resolve_accelerate_config(["--accelerate_config", str(path)]) == ["--config_file", str(path)]
+
+
+GRPO_CONFIG = """\
+model_name_or_path: {model}
+synthetic_dataset: arithmetic
+synthetic_train_size: 32
+reward_funcs: [arithmetic_exact_match, tests_rewards.length_reward]
+output_dir: {out}
+advantage_estimator: sgrpo
+sgrpo_noise_p: 0.1
+loss_type: dr_grpo
+num_generations: 4
+per_device_train_batch_size: 8
+max_completion_length: 4
+max_steps: 2
+learning_rate: 0.01
+save_strategy: "no"
+report_to: none
+gradient_checkpointing: false
+use_cpu: true
+bf16: false
+"""
+
+
+@pytest.mark.slow
+def test_grpo_from_yaml_with_named_and_dotted_rewards(tmp_path, tiny_model_dir):
+    (tmp_path / "tests_rewards.py").write_text(
+        "def length_reward(completions, **kwargs):\n    return [-0.1 * len(c) for c in completions]\n"
+    )
+    out = tmp_path / "out"
+    config = tmp_path / "grpo.yaml"
+    config.write_text(GRPO_CONFIG.format(model=tiny_model_dir, out=out))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [_console_script(), "grpo", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    card = (out / "README.md").read_text()
+    assert "StableGRPOTrainer" in card and "sgrpo" in card and "2508.05928" in card
+
+
+def test_unknown_reward_function_lists_the_valid_ones():
+    from hf_stable.rewards.resolve import resolve_reward_function
+
+    with pytest.raises(ValueError, match="arithmetic_exact_match"):
+        resolve_reward_function("no_such_reward")
+    assert resolve_reward_function("arithmetic_exact_match").__name__ == "arithmetic_reward"
+    assert callable(resolve_reward_function("accuracy_reward"))  # TRL's own
