@@ -70,11 +70,21 @@ def _finish(advantages: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(advantages.float(), nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _no_spread(grouped: torch.Tensor) -> torch.Tensor:
+    """`(B, G) -> (B, 1)`: True where all scored entries of a group are equal (or there are fewer than two)."""
+    low = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1, keepdim=True)
+    high = torch.where(torch.isnan(grouped), -torch.inf, grouped).amax(dim=1, keepdim=True)
+    return ~(high > low)
+
+
 def group_zscore(scores: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
     """TRL's advantage: `(R - group mean) / (std + 1e-4)`, std of the group (`"group"`), of the batch (`"batch"`) or
     none (`"none"`); NaN-aware, Bessel-corrected, 0 for groups of one. `(N,) -> (N,)`."""
     grouped = _groups(scores.float(), num_generations)
     centred = grouped - torch.nanmean(grouped, dim=1, keepdim=True)
+    # a group without spread gets exactly 0: its fp32 mean can be an ulp off, which `/(std + 1e-4)` would blow up
+    # (TRL's inline code keeps that roundoff; this is the one place we differ from it, on degenerate groups only)
+    centred = torch.where(_no_spread(grouped), torch.zeros_like(centred), centred)
     if scale == "none":
         return _finish(centred.reshape(-1))
     if scale == "group":
@@ -90,8 +100,9 @@ def group_zscore(scores: torch.Tensor, num_generations: int, scale: str = "group
     "grpo", paper="Shao et al., DeepSeekMath (GRPO) (arXiv 2402.03300)", url="https://arxiv.org/abs/2402.03300"
 )
 def grpo_advantages(rewards, lengths, num_generations, weights, scale: str = "group"):
-    """GRPO's group-normalised advantage of the weighted reward sum, exactly as TRL computes it
-    (`multi_objective_aggregation="sum_then_normalize"`)."""
+    """GRPO's group-normalised advantage of the weighted reward sum as TRL computes it
+    (`multi_objective_aggregation="sum_then_normalize"`), except that a group whose rewards are all equal gets
+    exactly 0 instead of TRL's amplified roundoff. (The trainer's `grpo` estimator keeps TRL's own computation.)"""
     del lengths
     advantages = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
     return advantages, {}
@@ -276,7 +287,7 @@ def oblr_advantages(
         )
     else:
         baseline = wr.sum(dim=1, keepdim=True) / w.sum(dim=1, keepdim=True).clamp(min=1e-12)
-    advantages = r - baseline
+    advantages = torch.where(_no_spread(r), torch.zeros_like(r), r - baseline)
     if scale == "group" and num_generations > 1:
         advantages = advantages / (nanstd(r, dim=1, keepdim=True) + TRL_STD_EPS)
     elif scale not in ("group", "none"):

@@ -180,10 +180,11 @@ def lagrangian_update(
     multipliers: torch.Tensor, objective_means: torch.Tensor, thresholds: torch.Tensor, lr: float = 0.01
 ) -> torch.Tensor:
     """Projected dual ascent `μ_k ← max(0, μ_k + η (E[r_k] - θ_k))` on `E[r_k] ≤ θ_k`; NaN thresholds mean
-    unconstrained (μ stays 0). The scalarised reward is `Σ_k b_k (1 - μ_k) r_k`. `(K,) -> (K,)`."""
-    step = objective_means.float() - thresholds.float()
+    unconstrained (μ stays 0); a NaN mean (no sample scored) leaves μ_k unchanged. The scalarised reward is
+    `Σ_k b_k (1 - μ_k) r_k`. `(K,) -> (K,)`."""
+    step = torch.nan_to_num(objective_means.float() - thresholds.float(), nan=0.0)  # no data: keep μ
     new = (multipliers.float() + lr * step).clamp(min=0)
-    return torch.where(torch.isnan(thresholds.float()), torch.zeros_like(new), torch.nan_to_num(new, nan=0.0))
+    return torch.where(torch.isnan(thresholds.float()), torch.zeros_like(new), new)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
