@@ -104,3 +104,25 @@ class StableStateMixin:
             ignore_keys_for_eval=ignore_keys_for_eval,
             **kwargs,
         )
+
+
+class AdapterOptimizerMixin:
+    """MAP adapters in the optimiser: no weight decay on MAP parameters (decay on A, B shrinks ‖BA‖, which *raises*
+    the effective step of the scale-invariant direction) and the scalars' own `map_scalar_lr`."""
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        from ..adapters.optim import map_parameter_names
+
+        scalars, factors = map_parameter_names(model)
+        return [n for n in super().get_decay_parameter_names(model) if n not in scalars and n not in factors]
+
+    def create_optimizer(self, model=None):
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if created:
+            from ..adapters.optim import map_scalar_lr, split_map_scalar_group
+
+            lr = map_scalar_lr(self.model)
+            if lr is not None:
+                split_map_scalar_group(optimizer, self.model, lr)
+        return optimizer

@@ -37,7 +37,7 @@ from ..losses.policy import (
 from ..losses.reward_weighting import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, brme_reward, influence_scores
 from ..papers import PAPERS
 from ..rewards.stable_rank import StableRankReward
-from ._base import StableStateMixin, TokenFreeConfigMixin
+from ._base import AdapterOptimizerMixin, StableStateMixin, TokenFreeConfigMixin
 from ._reward_control import CONTROLLERS, GradientController, HypervolumeController
 from .sft import _check_choice, _check_number
 
@@ -329,7 +329,7 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOConfig):
         )
 
 
-class StableGRPOTrainer(StableStateMixin, GRPOTrainer):
+class StableGRPOTrainer(StableStateMixin, AdapterOptimizerMixin, GRPOTrainer):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
 

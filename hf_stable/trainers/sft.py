@@ -42,7 +42,7 @@ from ..losses.sft import (
     sequence_mean,
 )
 from ..papers import PAPERS
-from ._base import StableStateMixin, TokenFreeConfigMixin, write_json_atomic
+from ._base import AdapterOptimizerMixin, StableStateMixin, TokenFreeConfigMixin, write_json_atomic
 from ._data import (
     INDEX_COLUMN,
     PAIR_COLUMN,
@@ -320,7 +320,7 @@ class _ProbeCallback(TrainerCallback):
         self.trainer._ensure_objective()
 
 
-class StableSFTTrainer(StableStateMixin, SFTTrainer):
+class StableSFTTrainer(StableStateMixin, AdapterOptimizerMixin, SFTTrainer):
     """TRL's [`~trl.SFTTrainer`] with the objectives of [`StableSFTConfig`].
 
     Same arguments as `SFTTrainer`. Papers: Li et al., *Beyond Log Likelihood* (arXiv 2510.00526) for the probability
