@@ -10,6 +10,7 @@ import random
 from collections import Counter
 
 import torch
+from sft_helpers import train_and_diff
 
 from hf_stable.testing import arithmetic_dataset, arithmetic_reward, build_tiny_model
 
@@ -71,6 +72,7 @@ def grpo_run(
     config_cls=None,
     reward_funcs=(arithmetic_reward, length_reward),
     n_prompts=16,
+    peft_config=None,
     **config,
 ):
     """Train and return `(flattened parameter update, trainer)`."""
@@ -79,13 +81,13 @@ def grpo_run(
 
         trainer_cls, config_cls = StableGRPOTrainer, StableGRPOConfig
     model, tokenizer = build_tiny_model(seed=0)
-    before = [p.detach().clone() for p in model.parameters()]
     args = config_cls(
         output_dir=str(output_dir),
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum,
         **{**GRPO_ARGS, **config},
     )
+    torch.manual_seed(0)  # adapters are initialised inside the trainer, before it seeds
     trainer = trainer_cls(
         model=model,
         reward_funcs=list(reward_funcs),
@@ -93,7 +95,6 @@ def grpo_run(
         train_dataset=arithmetic_dataset(n_prompts, seed=0, max_operand=9),
         processing_class=tokenizer,
         rollout_func=deterministic_rollout if rollout else None,
+        peft_config=peft_config,
     )
-    trainer.train()
-    after = list(trainer.model.parameters())
-    return torch.cat([(a.detach() - b).flatten() for a, b in zip(after, before, strict=True)]), trainer
+    return train_and_diff(trainer), trainer

@@ -54,24 +54,36 @@ def dataset_for(config: dict):
     return arithmetic_dataset(GLOBAL_BATCH, seed=1, max_operand=999)
 
 
-def one_step_update(output_dir, batch_size, grad_accum, trainer_cls=None, config_cls=None, **config):
-    """Flattened parameter update of one optimizer step (and the trainer)."""
+def one_step_update(output_dir, batch_size, grad_accum, trainer_cls=None, config_cls=None, peft_config=None, **config):
+    """Flattened update of the trainable parameters over one optimizer step (and the trainer)."""
     if trainer_cls is None:
         from hf_stable import StableSFTConfig, StableSFTTrainer
 
         trainer_cls, config_cls = StableSFTTrainer, StableSFTConfig
     model, tokenizer = build_tiny_model(seed=0)
-    before = [p.detach().clone() for p in model.parameters()]
     args = config_cls(
         output_dir=str(output_dir),
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum,
         **{**STEP_ARGS, **config},
     )
-    trainer = trainer_cls(model=model, args=args, train_dataset=dataset_for(config), processing_class=tokenizer)
+    torch.manual_seed(0)  # adapters are initialised inside the trainer, before it seeds
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=dataset_for(config),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    return train_and_diff(trainer), trainer
+
+
+def train_and_diff(trainer):
+    """Train and return the flattened change of the trainable parameters, in `named_parameters` order."""
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
-    after = list(trainer.model.parameters())
-    return torch.cat([(a.detach() - b).flatten() for a, b in zip(after, before, strict=True)]), trainer
+    after = dict(trainer.model.named_parameters())
+    return torch.cat([(after[n].detach() - before[n]).flatten() for n in before])
 
 
 def assert_same_update(actual, expected, rtol=1e-5):
