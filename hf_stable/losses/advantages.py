@@ -143,8 +143,8 @@ def sgrpo_advantages(
 
     Successes are counted on the correctness reward (``correctness_index``, or the weighted sum) binarised at
     ``success_threshold``; the advantage itself keeps the weighted reward's z-score. ``noise_p = 0`` gives back GRPO
-    (w* = 1 to 1e-8 on mixed groups). Metrics: ``zero_weight_frac`` (groups ignored as explainable by noise),
-    ``mean_weight``.
+    (w* = 1 to 1e-8 on mixed groups). Metrics, over mixed groups (some but not all successes — the only ones with an
+    advantage to weight): ``zero_weight_frac`` (ignored as explainable by noise) and ``mean_weight``.
     """
     del lengths
     base = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
@@ -152,7 +152,8 @@ def sgrpo_advantages(
     valid = (~torch.isnan(success)).sum(dim=1)
     w = sgrpo_weights(torch.nansum(success, dim=1), valid, noise_p)
     advantages = base * w.repeat_interleave(num_generations)
-    mixed = valid > 1
+    k = torch.nansum(success, dim=1)
+    mixed = (k > 0) & (k < valid)
     metrics = {
         "zero_weight_frac": (w[mixed] == 0).float().mean().item() if mixed.any() else 0.0,
         "mean_weight": w[mixed].mean().item() if mixed.any() else 0.0,
