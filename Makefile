@@ -14,7 +14,7 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "torch==2.13.0" -e ".[dev,docs]"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" -e ".[dev,docs,quant]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -15,8 +15,12 @@ from grpo_helpers import G, grpo_run
 
 VARIANTS = {
     "default": {},
-    "sgrpo": {"advantage_estimator": "sgrpo", "sgrpo_noise_p": 0.1, "loss_type": "dr_grpo",
-              "correctness_reward_index": 0},
+    "sgrpo": {
+        "advantage_estimator": "sgrpo",
+        "sgrpo_noise_p": 0.1,
+        "loss_type": "dr_grpo",
+        "correctness_reward_index": 0,
+    },
     "maxrl": {"advantage_estimator": "maxrl", "correctness_reward_index": 0},
     "dvao": {"advantage_estimator": "dvao"},
     "oblr": {"advantage_estimator": "oblr"},

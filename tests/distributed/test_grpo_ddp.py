@@ -26,8 +26,9 @@ def ddp_results(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_two_processes_match_one(ddp_results, tmp_path, name):
     single, trainer = grpo_run(tmp_path, batch_size=2 * G, **VARIANTS[name])
-    torch.testing.assert_close(ddp_results[f"{name}/advantages"], torch.tensor(list(trainer._logs["advantages"])),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        ddp_results[f"{name}/advantages"], torch.tensor(list(trainer._logs["advantages"])), rtol=1e-6, atol=1e-7
+    )
     assert_same_update(ddp_results[f"{name}/update"], single, rtol=1e-5)
     if name == "ctwa":
         torch.testing.assert_close(ddp_results["ctwa/log_weights"], trainer._controller.log_weights)
