@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/import_time.py
 	$(BIN)/python benchmarks/sft_overhead.py
 	$(BIN)/python benchmarks/grpo_overhead.py
+	$(BIN)/python benchmarks/adapters_overhead.py
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
