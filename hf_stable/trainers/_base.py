@@ -88,6 +88,15 @@ class StableStateMixin:
             save_stable_state(folder, *self._stable_state())
         super()._save_checkpoint(model, trial)
 
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        # Callbacks that measure (e.g. `AdapterScaleCallback`) hand their metrics over here, before `Trainer.log`
+        # calls the `report_to` integrations, which run ahead of user callbacks and would miss them in `on_log`.
+        for callback in self.callback_handler.callbacks:
+            pop = getattr(callback, "pop_pending_metrics", None)
+            if pop is not None:
+                logs.update(pop())
+        return super().log(logs, *args, **kwargs)
+
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
