@@ -48,7 +48,8 @@ class SineLinearVariant(LoraVariant):
         module._sine[adapter_name] = (float(config.sine_freq), sine_gain(config, module.in_features))
 
     @staticmethod
-    def delta(module, adapter: str) -> torch.Tensor:
+    def delta_weight(module, adapter: str) -> torch.Tensor:
+        """`ΔW` in the weight's layout (transposed for `fan_in_fan_out`), fp32; independent of the base weight."""
         freq, gain = module._sine[adapter]
         d = sine_delta(
             module.lora_A[adapter].weight, module.lora_B[adapter].weight, module.scaling[adapter], freq, gain
@@ -58,7 +59,7 @@ class SineLinearVariant(LoraVariant):
     @staticmethod
     def merge_safe(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return (orig_weight.float() + SineLinearVariant.delta(module, active_adapter)).to(orig_weight.dtype)
+            return (orig_weight.float() + SineLinearVariant.delta_weight(module, active_adapter)).to(orig_weight.dtype)
 
     @staticmethod
     def merge_unsafe(module, active_adapter: str, orig_weight: torch.Tensor) -> None:
@@ -67,7 +68,7 @@ class SineLinearVariant(LoraVariant):
     @staticmethod
     def unmerge(module, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return (orig_weight.float() - SineLinearVariant.delta(module, active_adapter)).to(orig_weight.dtype)
+            return (orig_weight.float() - SineLinearVariant.delta_weight(module, active_adapter)).to(orig_weight.dtype)
 
     @staticmethod
     def forward(module, active_adapter: str, x: torch.Tensor, result: torch.Tensor, **kwargs) -> torch.Tensor:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 
 from peft import LoraConfig
+
+
+OWN_VARIANTS = ("use_map", "use_sine")
+MAP_SCALE_WARNING = "have no effect under MAP"
 
 
 @dataclass
@@ -16,18 +21,20 @@ class StableLoraConfig(LoraConfig):
 
     Args:
         use_map (`bool`, defaults to `False`):
-            MAP / LoMAP (arXiv 2505.23094): `W' = (1 + a) W0 + ‖W0‖_F b · BA/‖BA‖_F` with trainable scalars a, b per
-            layer. `lora_alpha` and `use_rslora` have no effect under MAP (the scale cancels).
+            MAP / LoMAP (Si et al., arXiv 2505.23094): `W' = (1 + a) W0 + ‖W0‖_F b · BA/‖BA‖_F` with trainable scalars
+            a, b per layer. `lora_alpha` and `use_rslora` have no effect under MAP (the scale cancels). Cannot be
+            merged into a 4-bit base in place; export with `hf_stable.adapters.merge_and_export`.
         map_init_b_std (`float`, defaults to `1e-3`):
             Standard deviation of B's initialisation under MAP (B must not start at zero).
         map_scalar_lr (`float`, *optional*):
             Learning rate of the MAP scalars (their own optimiser group, no weight decay); default: the trainer's.
         use_sine (`bool`, defaults to `False`):
-            Bounded sine adapter: `ΔW = s · sin(ω BA)/g`, every entry within `s/g` (for stable unlearning).
+            Bounded sine adapter (Ji et al., ICLR 2025 Sine-LoRA; used for stable unlearning in arXiv 2509.24166):
+            `ΔW = s · sin(ω BA)/g`, every entry within `s/g`. Full-precision bases only.
         sine_freq (`float`, defaults to `100.0`):
             ω.
         sine_g (`str` or `float`, defaults to `"sqrt_in"`):
-            g: `"sqrt_in"` (√in_features, the reference) or a number.
+            g: `"sqrt_in"` (√in_features, the reference) or a positive number.
     """
 
     use_map: bool = field(default=False, metadata={"help": "MAP / LoMAP adapter.", "is_lora_variant": True})
@@ -40,44 +47,86 @@ class StableLoraConfig(LoraConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self._validate_values()
+        variant = self.hf_stable_variant
         if self.use_map and self.use_sine:
             raise ValueError("`use_map` and `use_sine` cannot be combined; choose one variant.")
-        if (self.use_map or self.use_sine) and self.use_dora:
+        if variant and self.use_dora:
             raise ValueError(
-                f"`use_dora` cannot be combined with `use_{'map' if self.use_map else 'sine'}`: both re-parameterise "
-                "the same update. Choose one."
+                f"`use_dora` cannot be combined with `use_{variant}`: both reparameterise the same update; choose one."
             )
-        if (self.use_map or self.use_sine) and self.lora_bias:
-            raise ValueError("`lora_bias=True` is not supported with `use_map`/`use_sine`.")
-        if self.map_init_b_std <= 0:
-            raise ValueError(f"`map_init_b_std` must be > 0 (B = 0 deadlocks MAP), got {self.map_init_b_std}.")
-        if self.map_scalar_lr is not None and self.map_scalar_lr <= 0:
-            raise ValueError(f"`map_scalar_lr` must be > 0, got {self.map_scalar_lr}.")
-        if self.sine_freq <= 0 or (not isinstance(self.sine_g, str) and float(self.sine_g) <= 0):
-            raise ValueError(f"`sine_freq` and a numeric `sine_g` must be > 0, got {self.sine_freq}, {self.sine_g}.")
-        if isinstance(self.sine_g, str) and self.sine_g != "sqrt_in":
-            try:
-                self.sine_g = float(self.sine_g)
-            except ValueError:
-                raise ValueError(f"`sine_g` must be 'sqrt_in' or a number, got {self.sine_g!r}.") from None
-        if self.use_map and (self.use_rslora or self.lora_alpha != 8):
+        if variant and self.lora_bias:
+            raise ValueError(f"`lora_bias=True` is not supported with `use_{variant}`.")
+        others = [name for name in _requested_peft_variants(self) if name not in ("use_dora", *OWN_VARIANTS)]
+        if variant and others:
+            raise ValueError(f"`use_{variant}` cannot be combined with the PEFT variant(s) {others}.")
+        if self.use_map and (self.use_rslora or self.lora_alpha != 8 or self.alpha_pattern):
             warnings.warn(
-                "`lora_alpha`/`use_rslora` have no effect under MAP: the LoRA scale cancels in BA/‖BA‖.", stacklevel=2
+                f"`lora_alpha`/`alpha_pattern`/`use_rslora` {MAP_SCALE_WARNING}: the LoRA scale cancels in BA/‖BA‖.",
+                stacklevel=3,
             )
-        if self.use_map or self.use_sine:
+        if variant:
             from .layers import custom_modules
 
             self._register_custom_module(custom_modules())
+
+    def _validate_values(self) -> None:
+        # `not x > 0` also catches NaN
+        if not _finite(self.map_init_b_std) or not self.map_init_b_std > 0:
+            raise ValueError(f"`map_init_b_std` must be > 0 (B = 0 deadlocks MAP), got {self.map_init_b_std!r}.")
+        if self.map_scalar_lr is not None and (not _finite(self.map_scalar_lr) or not self.map_scalar_lr > 0):
+            raise ValueError(f"`map_scalar_lr` must be > 0, got {self.map_scalar_lr!r}.")
+        if not _finite(self.sine_freq) or not self.sine_freq > 0:
+            raise ValueError(f"`sine_freq` must be a finite number > 0, got {self.sine_freq!r}.")
+        if self.sine_g != "sqrt_in":
+            try:
+                gain = float(self.sine_g)
+            except (TypeError, ValueError):
+                raise ValueError(f"`sine_g` must be 'sqrt_in' or a number, got {self.sine_g!r}.") from None
+            if not math.isfinite(gain) or not gain > 0:
+                raise ValueError(f"`sine_g` must be 'sqrt_in' or a finite number > 0, got {self.sine_g!r}.")
+            self.sine_g = gain
+
+    def to_dict(self) -> dict:
+        values = super().to_dict()
+        if self.hf_stable_variant:  # stamped at save time: the version that wrote the file
             from .. import __version__
 
-            self.hf_stable_version = __version__
+            values["hf_stable_version"] = __version__
+        return values
 
     @classmethod
     def from_saved_dict(cls, values: dict) -> StableLoraConfig:
-        """Build from a saved `adapter_config.json` dictionary (unknown keys of newer PEFT versions are dropped)."""
+        """Build from a saved `adapter_config.json` dictionary. Keys this version does not know (a newer PEFT's) are
+        dropped with a warning, as PEFT does; the MAP scale warning is not repeated for a saved adapter."""
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        unknown = sorted(k for k in values if k not in known)
+        if unknown:
+            warnings.warn(
+                f"Ignoring adapter config keys unknown to this PEFT/hf_stable version: {unknown}.", stacklevel=2
+            )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=f".*{MAP_SCALE_WARNING}")
+            return cls(**{k: v for k, v in values.items() if k in known})
 
     @property
     def hf_stable_variant(self) -> str | None:
         return "map" if self.use_map else "sine" if self.use_sine else None
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _requested_peft_variants(config) -> list[str]:
+    """Variant switches that are on, as PEFT's resolver reads them (`LoraLayer.resolve_lora_variant`)."""
+    names = []
+    for f in dataclasses.fields(config):
+        if f.name == "init_lora_weights":
+            names += [name for name in f.metadata.get("lora_variants", ()) if config.init_lora_weights == name]
+        elif f.metadata.get("is_lora_variant") and getattr(config, f.name):
+            names.append(f.name)
+    return names
