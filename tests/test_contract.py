@@ -237,3 +237,83 @@ def test_grpo_rollout_func_and_generation_helpers():
         "trl.models.utils.unwrap_model_for_generation",
         _params(unwrap_model_for_generation)[:2] == ["model", "accelerator"],
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PEFT and bitsandbytes hooks the adapters rely on (hf_stable/adapters/, hf_stable/_peft_hook.py)
+
+
+def test_peft_lora_variant_interface():
+    from peft.tuners.lora.layer import Linear, LoraLayer, LoraVariant
+
+    for name in ("init", "merge_safe", "merge_unsafe", "unmerge", "forward"):
+        _contract(f"LoraVariant.{name}", callable(getattr(LoraVariant, name, None)))
+    _contract("LoraVariant.forward", _params(LoraVariant.forward)[:4] == ["module", "active_adapter", "x", "result"])
+    _contract("LoraLayer.resolve_lora_variant", "config" in _params(LoraLayer.resolve_lora_variant))
+    _contract("Linear.lora_variants", isinstance(inspect.getattr_static(Linear, "lora_variants"), property))
+
+
+def test_peft_variant_resolution_and_custom_module_dispatch():
+    """`is_lora_variant` fields select our variant, and `_register_custom_module` makes PEFT build our layer."""
+    from peft import get_peft_model
+
+    from hf_stable.adapters import StableLoraConfig
+    from hf_stable.adapters.layers import StableLinear
+    from hf_stable.adapters.map import MapLinearVariant
+
+    field = StableLoraConfig.__dataclass_fields__["use_map"]
+    _contract("LoraConfig field metadata is_lora_variant", field.metadata.get("is_lora_variant") is True)
+    model, _ = build_tiny_model(seed=0)
+    peft_model = get_peft_model(model, StableLoraConfig(r=2, target_modules=["q_proj"], use_map=True))
+    layer = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    _contract("LoraConfig._register_custom_module / LoraModel._create_new_module", isinstance(layer, StableLinear))
+    _contract("LoraLayer.update_layer -> variant.init", isinstance(layer.lora_variant["default"], MapLinearVariant))
+    _contract("adapter_layer_names", "lora_map_a" in layer.adapter_layer_names)
+
+
+def test_peft_from_peft_type_is_wrapped():
+    """Stock loading builds configs through `PeftConfigMixin.from_peft_type`; hf_stable wraps it."""
+    from peft.config import PeftConfigMixin
+
+    import hf_stable  # noqa: F401  (installs the wrapper)
+    from hf_stable.adapters import StableLoraConfig
+
+    _contract("PeftConfigMixin.from_peft_type", getattr(PeftConfigMixin.from_peft_type, "_hf_stable", False))
+    config = PeftConfigMixin.from_peft_type(peft_type="LORA", r=2, target_modules=["q_proj"], use_map=True)
+    _contract("PeftConfigMixin.from_peft_type(**saved)", isinstance(config, StableLoraConfig) and config.use_map)
+
+
+def test_bitsandbytes_cpu_4bit_internals():
+    """4-bit bases: PEFT's bnb layer, the dequantiser and bitsandbytes' CPU repacking that `_quant` undoes."""
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    from peft.tuners.lora.bnb import Linear4bit
+    from peft.utils.integrations import dequantize_module_weight
+
+    _contract("peft.tuners.lora.bnb.Linear4bit", issubclass(Linear4bit, torch.nn.Module))
+    _contract("dequantize_module_weight", _params(dequantize_module_weight)[:1] == ["module"])
+    _contract(
+        "bnb.functional._convert_weight_packed_for_cpu_inverse", hasattr(F, "_convert_weight_packed_for_cpu_inverse")
+    )
+    _contract("bnb.functional.dequantize_4bit", callable(F.dequantize_4bit))
+    layer = bnb.nn.Linear4bit(64, 64, bias=False, quant_type="nf4", compute_dtype=torch.float32)
+    layer.weight = bnb.nn.Params4bit(torch.randn(64, 64), requires_grad=False, quant_type="nf4")
+    layer = layer.to("cpu")
+    _contract("Params4bit.quant_state", getattr(layer.weight, "quant_state", None) is not None)
+    from hf_stable.adapters._quant import dequantized_weight
+
+    before = dequantize_module_weight(layer).clone()
+    layer.eval()
+    with torch.no_grad():
+        layer(torch.randn(2, 64))
+    repacked = getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+    _contract(
+        "Linear4bit.support_avx512bf16_for_cpu -> QuantState.packing_format_for_cpu",
+        repacked == bool(getattr(layer, "support_avx512bf16_for_cpu", False)),
+        "bitsandbytes changed when it repacks 4-bit weights for its CPU kernel.",
+    )
+    # repacked or not, the dequantised weight is the loaded one (up to the bf16 block scales of the repacked form)
+    torch.testing.assert_close(
+        dequantized_weight(layer).float(), before.float(), rtol=0, atol=1e-2 * before.abs().max().item()
+    )
