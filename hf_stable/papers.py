@@ -173,5 +173,40 @@ PAPERS = {
             "Yan, Yuzi and Lou, Xingzhou and Li, Jialian and Zhang, Yiping and Xie, Jian and Yu, Chao and Wang, Yu "
             "and Yan, Dong and Shen, Yuan",
         ),
+        _arxiv(
+            "map",
+            "MAP: Revisiting Weight Decomposition for Low-Rank Adaptation",
+            "2505.23094",
+            2025,
+            "Si, Chongjie and Shi, Zhiyi and Wang, Yadao and Yang, Xiaokang and Rahardja, Susanto and Shen, Wei",
+        ),
+        _arxiv(
+            "rslora",
+            "A Rank Stabilization Scaling Factor for Fine-Tuning with LoRA",
+            "2312.03732",
+            2023,
+            "Kalajdzievski, Damjan",
+        ),
+        _arxiv(
+            "tfb",
+            "Training-Free Bayesianization for Low-Rank Adapters of Large Language Models",
+            "2412.05723",
+            2024,
+            "Shi, Haizhou and Wang, Yibin and Han, Ligong and Zhang, Huan and Wang, Hao",
+        ),
+        _arxiv(
+            "sine_lora",
+            "Efficient Learning with Sine-Activated Low-Rank Matrices",
+            "2403.19243",
+            2024,
+            "Ji, Yiping and Saratchandran, Hemanth and Gordon, Cameron and Zhang, Zeyu and Lucey, Simon",
+        ),
+        _arxiv(
+            "stable_forgetting",
+            "Stable Forgetting: Bounded Parameter-Efficient Unlearning in Foundation Models",
+            "2509.24166",
+            2025,
+            "Garg, Arpit and Saratchandran, Hemanth and Garg, Ravi and Lucey, Simon",
+        ),
     )
 }

@@ -31,11 +31,12 @@ class GRPOScriptArguments(StableScriptArguments):
 
 
 def main(script_args, training_args, model_args, dataset_args):
-    from trl import get_peft_config, get_quantization_config
+    from trl import get_quantization_config
 
     from hf_stable import StableGRPOTrainer
     from hf_stable.rewards.resolve import resolve_reward_function
     from hf_stable.scripts.data import load_script_dataset
+    from hf_stable.scripts.model import get_stable_peft_config
 
     reward_funcs = [script_args.reward_model_name_or_path] if script_args.reward_model_name_or_path else []
     reward_funcs += [resolve_reward_function(name) for name in script_args.reward_funcs or []]
@@ -57,7 +58,7 @@ def main(script_args, training_args, model_args, dataset_args):
         train_dataset=dataset[script_args.dataset_train_split],
         eval_dataset=dataset[eval_split] if training_args.eval_strategy != "no" and eval_split in dataset else None,
         quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
+        peft_config=get_stable_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
@@ -69,11 +70,12 @@ def main(script_args, training_args, model_args, dataset_args):
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
-    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+    from trl import DatasetMixtureConfig, TrlParser
 
     from hf_stable import StableGRPOConfig
+    from hf_stable.scripts.model import StableModelConfig
 
-    dataclass_types = (GRPOScriptArguments, StableGRPOConfig, ModelConfig, DatasetMixtureConfig)
+    dataclass_types = (GRPOScriptArguments, StableGRPOConfig, StableModelConfig, DatasetMixtureConfig)
     if subparsers is not None:
         return subparsers.add_parser("grpo", help="GRPO with hf_stable variants", dataclass_types=dataclass_types)
     return TrlParser(dataclass_types, prog=prog)

@@ -16,10 +16,11 @@ import argparse
 
 
 def main(script_args, training_args, model_args, dataset_args):
-    from trl import get_peft_config, get_quantization_config
+    from trl import get_quantization_config
 
     from hf_stable import StableSFTTrainer
     from hf_stable.scripts.data import load_script_dataset
+    from hf_stable.scripts.model import get_stable_peft_config
 
     model_init_kwargs = dict(
         revision=model_args.model_revision,
@@ -38,7 +39,7 @@ def main(script_args, training_args, model_args, dataset_args):
         train_dataset=dataset[script_args.dataset_train_split],
         eval_dataset=dataset[eval_split] if training_args.eval_strategy != "no" and eval_split in dataset else None,
         quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
+        peft_config=get_stable_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
@@ -51,12 +52,13 @@ def main(script_args, training_args, model_args, dataset_args):
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
-    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+    from trl import DatasetMixtureConfig, TrlParser
 
     from hf_stable import StableSFTConfig
     from hf_stable.scripts.data import StableScriptArguments
+    from hf_stable.scripts.model import StableModelConfig
 
-    dataclass_types = (StableScriptArguments, StableSFTConfig, ModelConfig, DatasetMixtureConfig)
+    dataclass_types = (StableScriptArguments, StableSFTConfig, StableModelConfig, DatasetMixtureConfig)
     if subparsers is not None:
         return subparsers.add_parser("sft", help="SFT with hf_stable objectives", dataclass_types=dataclass_types)
     return TrlParser(dataclass_types, prog=prog)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from ..adapters.card import adapter_card_info
 from ..callbacks.snr_lr import MicroBatchSNR, SNRLearningRateCallback
 from ..cards import TrainingCard, write_training_card
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore, success_indicator
@@ -746,6 +747,11 @@ class StableGRPOTrainer(StableStateMixin, AdapterOptimizerMixin, GRPOTrainer):
             max_completion_length=args.max_completion_length,
             max_steps=args.max_steps,
         )
+        adapter_papers, adapter_lines, adapter_settings, adapter_tags = adapter_card_info(self.model)
+        papers += [p for p in adapter_papers if p not in papers]
+        lines += adapter_lines
+        chosen.update(adapter_settings)
+        tags += adapter_tags
         method = "\n".join(lines) + (
             "\n\n" + "\n".join(f"Paper: [{p.title}]({p.url})." for p in papers) if papers else ""
         )

@@ -27,6 +27,7 @@ from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
+from ..adapters.card import adapter_card_info
 from ..cards import TrainingCard, write_training_card
 from ..losses.sft import (
     DEFAULT_AUTO_RULE,
@@ -852,6 +853,11 @@ class StableSFTTrainer(StableStateMixin, AdapterOptimizerMixin, SFTTrainer):
                 fl_init=args.fl_init,
             )
             tags.append("feasible-learning")
+        adapter_papers, adapter_lines, adapter_settings, adapter_tags = adapter_card_info(self.model)
+        papers += [p for p in adapter_papers if p not in papers]
+        method += adapter_lines
+        settings.update(adapter_settings)
+        tags += adapter_tags
         method.extend(f"Paper: [{p.title}]({p.url})." for p in papers)
         settings.update(
             learning_rate=args.learning_rate,

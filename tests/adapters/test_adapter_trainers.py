@@ -152,3 +152,12 @@ def test_map_trains_on_a_4bit_base(tmp_path, nf4_model_dir, trainer_name):
         if isinstance(module, bnb.nn.Linear4bit):
             key = name.removesuffix(".base_layer")
             assert torch.equal(module.weight.data, quantised[key]), f"{key}: 4-bit weight changed"
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_model_card_names_the_adapter_and_how_to_load_it(tmp_path, kind):
+    _, trainer = one_step_update(tmp_path, GLOBAL_BATCH, 1, peft_config=adapter_config(kind))
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert ("2505.23094" in card) == (kind == "map") and ("2509.24166" in card) == (kind == "sine")
+    assert "load_adapter" in card and f"variant: {kind}" in card

@@ -173,3 +173,54 @@ def test_unknown_reward_function_lists_the_valid_ones():
         resolve_reward_function("no_such_reward")
     assert resolve_reward_function("arithmetic_exact_match").__name__ == "arithmetic_reward"
     assert callable(resolve_reward_function("accuracy_reward"))  # TRL's own
+
+
+@pytest.mark.slow
+def test_sft_with_a_map_adapter_from_the_command_line(tmp_path, tiny_model_dir):
+    """`--use_peft --lora_variant map` trains a MAP adapter that `load_adapter` restores."""
+    from hf_stable.adapters import check_adapter
+
+    config, out = _write_config(tmp_path, tiny_model_dir)
+    _run(
+        [
+            "sft",
+            "--config",
+            str(config),
+            "--use_peft",
+            "--lora_variant",
+            "map",
+            "--lora_target_modules",
+            "q_proj",
+            "v_proj",
+        ]
+    )
+    report = check_adapter(str(out))
+    assert report["variants"] == ["map"] and report["hf_stable_version"]
+    assert "lora_map_a" in " ".join(load_file(str(out / "adapter_model.safetensors")))
+
+
+def test_bad_lora_variant_names_the_allowed_values():
+    from hf_stable.scripts.model import StableModelConfig
+
+    with pytest.raises(ValueError, match=r"lora_variant.*map, sine"):
+        StableModelConfig(use_peft=True, lora_variant="dora")
+    with pytest.raises(ValueError, match="use_peft"):
+        StableModelConfig(lora_variant="map")
+
+
+def test_stable_peft_config_keeps_trl_fields():
+    from trl import get_peft_config
+
+    from hf_stable.adapters import StableLoraConfig
+    from hf_stable.scripts.model import StableModelConfig, get_stable_peft_config
+
+    args = StableModelConfig(use_peft=True, lora_r=4, lora_alpha=16, lora_target_modules=["q_proj"])
+    assert type(get_stable_peft_config(args)) is type(get_peft_config(args))  # no variant: TRL's own config
+    args = StableModelConfig(
+        use_peft=True, lora_r=4, lora_alpha=16, lora_target_modules=["q_proj"], lora_variant="sine", sine_freq=30.0
+    )
+    config = get_stable_peft_config(args)
+    assert isinstance(config, StableLoraConfig) and config.use_sine and config.sine_freq == 30.0
+    trl_config = get_peft_config(args)
+    for name in ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "use_rslora", "task_type"):
+        assert getattr(config, name) == getattr(trl_config, name), name

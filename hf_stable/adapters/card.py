@@ -1,0 +1,44 @@
+"""What a model card says about the adapters a model carries (used by both trainers' `create_model_card`)."""
+
+from __future__ import annotations
+
+from ..papers import PAPERS
+
+
+def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
+    """`(papers, method lines, settings, tags)` for the PEFT adapters on ``model`` (all empty without adapters).
+
+    MAP and sine adapters are flagged as needing hf_stable to load: stock PEFT would read them as plain LoRA.
+    """
+    papers, lines, settings, tags = [], [], {}, []
+    for name, config in (getattr(model, "peft_config", None) or {}).items():
+        variant = getattr(config, "hf_stable_variant", None)
+        entry = {"variant": variant or "lora", "r": config.r, "target_modules": _plain(config.target_modules)}
+        if variant == "map":
+            papers.append(PAPERS["map"])
+            lines.append(
+                f"Adapter `{name}`: MAP (LoMAP), `W' = (1 + a)·W0 + ‖W0‖·b·BA/‖BA‖` with learned scalars per layer."
+            )
+            entry.update(map_scalar_lr=config.map_scalar_lr, map_init_b_std=config.map_init_b_std)
+            tags.append("map")
+        elif variant == "sine":
+            papers += [PAPERS["sine_lora"], PAPERS["stable_forgetting"]]
+            lines.append(f"Adapter `{name}`: bounded sine update `s·sin(ω·BA)/g`, every entry within `s/g`.")
+            entry.update(sine_freq=config.sine_freq, sine_g=config.sine_g)
+            tags.append("sine-lora")
+        else:
+            entry.update(lora_alpha=config.lora_alpha, use_rslora=config.use_rslora, use_dora=config.use_dora)
+        if getattr(config, "use_rslora", False) and variant is None:
+            papers.append(PAPERS["rslora"])
+        if variant is not None:
+            lines.append(
+                "Loading it needs hf_stable (`pip install hf-stable`, then `import hf_stable` before "
+                "`PeftModel.from_pretrained`, or `hf_stable.adapters.load_adapter`): stock PEFT would read it as "
+                "plain LoRA. `hf_stable.adapters.merge_and_export` writes a merged model that needs nothing extra."
+            )
+        settings[name] = entry
+    return list(dict.fromkeys(papers)), lines, ({"adapters": settings} if settings else {}), tags
+
+
+def _plain(value):
+    return sorted(value) if isinstance(value, (set, frozenset)) else value
