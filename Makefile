@@ -41,6 +41,9 @@ docs: $(STAMP)
 experiments: $(STAMP)
 	$(BIN)/python experiments/sft_capability_continuum.py
 	$(BIN)/python experiments/redi_alpha.py
+	$(BIN)/python experiments/grpo_toy_bandits.py
+	$(BIN)/python experiments/grpo_reward_noise.py
+	$(BIN)/python experiments/adapters_sine_unlearning.py
 
 clean:
 	rm -rf demo_output site .pytest_cache

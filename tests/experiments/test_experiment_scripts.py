@@ -9,7 +9,13 @@ import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["sft_capability_continuum", "redi_alpha"]
+SCRIPTS = [
+    "sft_capability_continuum",
+    "redi_alpha",
+    "grpo_toy_bandits",
+    "grpo_reward_noise",
+    "adapters_sine_unlearning",
+]
 
 
 @pytest.mark.slow
