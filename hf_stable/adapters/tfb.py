@@ -25,6 +25,7 @@ the relative-NLL criterion by the number of anchor predictions (making it N time
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -81,7 +82,8 @@ def tfb_reparameterize(model) -> int:
 
     With `B (m, r)`, `A (r, n)` and `k = min(m, r)`: `U (m, k)`, `d (k,)`, `V (r, k)`. When `r > m`, `B'` gets
     `r - k` zero columns and `A'` the matching zero rows, so the shapes stay `(m, r)` and `(r, n)`. The SVD runs in
-    fp32 (fp64 for fp64 weights); the result is cast back to the weights' dtype. Idempotent up to rounding.
+    fp32 (fp64 for fp64 weights); the result is cast back to the weights' dtype. Idempotent up to rounding
+    (singular vectors get a fixed sign), unless singular values tie.
     TFB: Shi et al., arXiv 2412.05723.
 
     Returns:
@@ -92,6 +94,12 @@ def tfb_reparameterize(model) -> int:
         a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight  # (r, n), (m, r)
         dtype = _compute_dtype(b.dtype)
         u, d, vh = torch.linalg.svd(b.to(dtype), full_matrices=False)  # (m, k), (k,), (k, r)
+        # SVD signs are arbitrary: fix them (largest entry of each column of U positive) so that re-running on an
+        # already re-parameterised pair leaves it unchanged and a seeded noise draw stays reproducible across calls
+        pivot = u.abs().argmax(dim=0)
+        sign = torch.sign(u[pivot, torch.arange(u.shape[1])])
+        sign[sign == 0] = 1
+        u, vh = u * sign, vh * sign[:, None]
         b_new, a_new = u * d, vh @ a.to(dtype)  # (m, k), (k, n)
         rank, k = b.shape[1], d.shape[0]
         if k < rank:
@@ -256,14 +264,14 @@ def predict_bayes(
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
         raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}.")
     sampler = sampler if sampler is not None else getattr(model, "tfb_sampler", None)
-    if sampler is None:
+    if sampler is None and sample:
         raise ValueError("No TFB sampler: run tfb_bayesianize(model, ...) or load the adapter with load_adapter.")
     inputs = _model_inputs(batch, next(model.parameters()).device)
     was_training = model.training
     model.eval()
     total = None
     try:
-        with sampler.sampling(sample):
+        with sampler.sampling(sample) if sampler is not None else contextlib.nullcontext():
             for _ in range(n_samples):
                 probs = torch.softmax(model(**inputs).logits.float(), dim=-1)
                 total = probs if total is None else total + probs

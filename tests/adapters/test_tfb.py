@@ -171,9 +171,15 @@ def test_reparameterize_keeps_product_and_logits_fp64():
         assert off_diagonal.abs().max() <= 1e-10 * gram.abs().max()
     assert (_logits(model, batch) - logits_before).abs().max() <= 1e-10
 
-    assert tfb_reparameterize(model) == 6  # idempotent up to rounding
-    for name, product in _products(model).items():
-        assert (product - before[name]).abs().max() <= 1e-10 * max(1.0, before[name].abs().max())
+    once = {
+        n: (m.lora_A["default"].weight.clone(), m.lora_B["default"].weight.clone())
+        for n, m in _lora_modules(model).items()
+    }
+    assert tfb_reparameterize(model) == 6  # idempotent: the factors themselves, not only their product
+    for name, module in _lora_modules(model).items():
+        a, b = once[name]
+        assert (module.lora_A["default"].weight - a).abs().max() <= 1e-10 * max(1.0, a.abs().max()), name
+        assert (module.lora_B["default"].weight - b).abs().max() <= 1e-10 * max(1.0, b.abs().max()), name
 
 
 def test_reparameterize_fp32_model():
@@ -450,8 +456,11 @@ def test_predict_bayes_bad_n_samples(n_samples):
 
 
 def test_predict_bayes_without_sampler():
+    model, batch = _tiny_lora(), _anchor_batches()[0]
     with pytest.raises(ValueError, match="tfb_bayesianize"):
-        predict_bayes(_tiny_lora(), _anchor_batches()[0])
+        predict_bayes(model, batch)
+    deterministic = predict_bayes(model, batch, n_samples=1, sample=False)  # no sampler needed for the baseline
+    torch.testing.assert_close(deterministic, torch.softmax(_logits(model, batch).float(), dim=-1))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
