@@ -43,6 +43,9 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/redi_alpha.py
 	$(BIN)/python experiments/grpo_toy_bandits.py
 	$(BIN)/python experiments/grpo_reward_noise.py
+	$(BIN)/python experiments/grpo_length.py
+	$(BIN)/python experiments/grpo_multi_objective.py
+	$(BIN)/python experiments/adapters_tfb_calibration.py
 	$(BIN)/python experiments/adapters_sine_unlearning.py
 
 clean:

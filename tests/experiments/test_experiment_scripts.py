@@ -15,6 +15,9 @@ SCRIPTS = [
     "grpo_toy_bandits",
     "grpo_reward_noise",
     "adapters_sine_unlearning",
+    "grpo_length",
+    "grpo_multi_objective",
+    "adapters_tfb_calibration",
 ]
 
 

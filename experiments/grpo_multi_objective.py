@@ -1,0 +1,641 @@
+"""E-G2 "multi-objective": DVAO, CTWA, hypervolume and gradient reward weighting against a static weighted sum.
+
+Claims (spec `grpo_variants.md`): with several rewards, adapting how they are combined beats a fixed weighted sum
+(TRL's `sum_then_normalize` with static `reward_weights`):
+* §6 DVAO (arXiv 2605.25604): per-group weights proportional to each objective's in-group std; conflicting
+  objectives damp the update instead of being renormalised to unit scale; a better Pareto front than RC/AC;
+* §8 CTWA (arXiv 2602.06869): raise the weight of an objective whose reward does not covary with the training
+  signal, so every objective improves (no cross-objective interference);
+* §7 dynamic reward weighting (arXiv 2509.11452): hypervolume-guided advantage multiplier, and gradient-based
+  mirror ascent on the weights; Pareto-dominant solutions compared with fixed-weight scalarisation.
+
+Design.
+* Task: addition `a+b=` → `a+b` with a, b ∈ [0, 49] (`hf_stable.testing` character tokenizer, tiny Llama, hidden 64,
+  2 layers). The 2500 problems are split once (split seed 1234, independent of the run seed) into 500 held-out test
+  prompts, a 2000-prompt training pool and, inside the pool, a fixed 32-prompt validation set (hypervolume only).
+* Warm start (one, shared by all seeds: `--warm_seed`, default 0; cached under
+  `experiments/cache/grpo_multi_objective/`): NLL SFT from a random init on 64,000 pool rows (1000 steps), LR 3e-3,
+  batch 64, linear schedule, warmup 0.1. Sampled correctness 0.74 on the pilot seed's warm start, 0.49 on the
+  shared one (seed 0): room to improve, mixed groups.
+* Two conflicting rewards: (1) correctness, `hf_stable.testing.arithmetic_reward` (exact match); (2) "even
+  ending": 1 when the completion's last character is an even digit. On the half of the prompts whose sum is odd, a
+  correct answer scores 0 on (2) and an answer that scores on (2) is wrong; on even sums both agree. So no policy
+  exceeds correctness + even ≈ 1.5, and improving one objective on odd prompts costs the other.
+* Arms, all from the same warm start with `StableGRPOTrainer`, base weights [1, 1], G = 8, 8 prompts/step,
+  temperature 1, β = 0, `max_completion_length` 4, constant LR 1e-4 (chosen in the pilot on the static arm only,
+  identical for every arm), 200 steps:
+  - `static`: `advantage_estimator="grpo"`, `reward_weighting="static"` (TRL's weighted sum, group z-score);
+  - `dvao`: `advantage_estimator="dvao"` (γ = 1);
+  - `ctwa`: `reward_weighting="ctwa"`, package defaults (covariance targets 0.1, `ctwa_lambda_lr` 0.05, EMA 0.1);
+  - `hypervolume`: `reward_weighting="hypervolume"`, `drw_val_size=32` (the validation set above), evaluated after
+    every step; the multiplier `0.5 + 1.5 tanh(HVC)` scales the advantages;
+  - `gradient`: `reward_weighting="gradient"`, mirror-ascent step `lr·s/μ` with `drw_regularization` μ = 0.05 so
+    that the step is ≈ 0.1 (0.11) at LR 1e-4 for the median |influence score| (56.7) of its first 10 steps on the
+    pilot seed (the package default μ = 1e-5 would give steps of ≈ 570: one-hot weights after one update); the
+    weights update every 2 steps (`drw_every_n_steps=2`, a cost gate the spec allows).
+* Metrics every `eval_every` steps on the test prompts, 4 samples per prompt at temperature 1 (the policy the methods
+  optimise; fixed evaluation RNG shared by all arms): the mean of each reward. Greedy means at the end; the weights
+  (and the hypervolume multiplier) from the trainer logs.
+* Seeds 0, 1, 2 (RL sampling and data order; the warm start is shared); verdicts on the seed means, with per-seed
+  counts.
+* Pilot (baseline only, seed 100 with its own warm start, not reported): `static` for 300 steps at LR 1e-4, 3e-4,
+  1e-3, rule fixed beforehand: the LR with the highest final held-out correctness + even ending (the static method's
+  own objective). From 0.737 / 0.501: 1e-4 → 0.674 / 0.642, 3e-4 → 0.354 / 0.876, 1e-3 → 0.000 / 1.000; 1e-4 sat at
+  the grid edge, so 3e-5 was added: 0.750 / 0.552 (sum 1.302 < 1.316), LR 1e-4 kept. Before that, warm starts of
+  35,000 and 45,000 rows left the pilot seed below the model's sharp learning transition (correctness 0.09, the
+  static arm only learned the even ending), so the warm start was lengthened to 64,000 rows. μ of `gradient` from
+  its first 10 steps (a scale calibration; no outcome looked at). Timing the arms (gradient ≈ 0.35 s/step, static
+  ≈ 0.1) then set the budget: shared warm start, 200 steps, gradient update every 2 steps. Numbers in `PILOT`
+  below. After the seed 0-2 runs only two things changed: the first full run had used LR 3e-4 by mistake (a stale
+  default, not the pilot's choice; its numbers are in `PILOT["mistaken_first_run"]` and the Markdown) and was rerun
+  at 1e-4; and reporting only (paired differences, controller diagnostics, plot style) was added.
+
+Pre-registered criterion (printed PASS/FAIL as measured): at least one adaptive method ends with both objectives
+≥ static − 0.02 and at least one strictly better (> static), i.e. not dominated by the static sum. For every method
+the table reports whether it Pareto-dominates the static sum, is dominated by it, or neither (plain Pareto order on
+the seed means).
+
+Command (measured 195 s wall with a cold cache, i.e. including the ≈ 85 s warm start, and 261-267 s cached while the
+2 shared CPU cores were busier; reruns, cold or cached, reproduce the numbers exactly):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_multi_objective.py
+Pilot: `... --seeds 100 --warm_seed 100 --arms static --steps 300 --learning_rate 3e-4 --output_dir /tmp/pilot`.
+Quick smoke run (< 60 s, 1 seed, tiny sizes; its verdicts mean nothing):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_multi_objective.py --quick --output_dir /tmp/grpo_mo_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+
+NAME = "grpo_multi_objective"
+ROOT = Path(__file__).resolve().parent
+ARMS = ("static", "dvao", "ctwa", "hypervolume", "gradient")
+ADAPTIVE = ARMS[1:]
+LABELS = {"static": "static weighted sum", "dvao": "DVAO", "ctwa": "CTWA", "hypervolume": "hypervolume multiplier",
+          "gradient": "gradient weighting"}
+COLORS = {"static": "black", "dvao": "tab:red", "ctwa": "tab:green", "hypervolume": "tab:orange",
+          "gradient": "tab:purple"}
+OBJECTIVES = ("correctness", "even_ending")
+MAX_OPERAND = 49
+MAX_COMPLETION = 4  # a 2-digit sum + eos is 3 tokens
+BASE_WEIGHTS = [1.0, 1.0]
+SPLIT_SEED = 1234
+TOLERANCE = 0.02
+GRADIENT_STEP = 0.1  # target size of lr·median|score|/μ
+PILOT = {
+    "seed": 100, "warm_seed": 100, "steps": 300, "arm": "static",
+    "rule": "highest final held-out correctness + even_ending", "grid": [1e-4, 3e-4, 1e-3], "extension": [3e-5],
+    "start": {"correctness": 0.737, "even_ending": 0.501},
+    "results": {"3e-5": {"correctness": 0.750, "even_ending": 0.552},
+                "1e-4": {"correctness": 0.674, "even_ending": 0.642},
+                "3e-4": {"correctness": 0.354, "even_ending": 0.876},
+                "1e-3": {"correctness": 0.000, "even_ending": 1.000}},
+    "chosen": 1e-4,
+    "gradient_calibration": {"steps": 10, "lr": 1e-4, "median_abs_score": 56.7, "regularization": 0.05,
+                             "step_at_median": 1e-4 * 56.7 / 0.05},
+    "earlier_warm_starts": "35,000 and 45,000 SFT rows left pilot seed 100 below the grokking-like transition "
+                           "(correctness 0.094 and 0.090; the static arm then only learned the even ending), so the "
+                           "warm start was lengthened to 64,000 rows (correctness 0.737)",
+    "timing": "static ~0.1 s/step, gradient ~0.35 s/step (one extra forward and K backwards): to fit 10 minutes the "
+              "warm start is shared by the seeds, the runs have 200 steps and the gradient weights update every "
+              "2 steps; fixed before any adaptive arm ran beyond the 10-step calibration",
+    "mistaken_first_run": "the first full run (seeds 0-2, warm start 0) used LR 3e-4 by mistake, a stale default and "
+                          "not the pilot's choice: from 0.486 / 0.493 every arm ran into the even-ending corner "
+                          "(correctness / even: static 0.068 / 0.987, DVAO 0.074 / 0.996, CTWA 0.078 / 0.987, "
+                          "hypervolume 0.070 / 0.993, gradient 0.039 / 0.994; the criterion read PASS on "
+                          "noise-level margins). It was rerun at the pre-registered 1e-4 with nothing else changed",
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    num_test: int = 500
+    num_val: int = 32  # hypervolume validation prompts (drw_val_size)
+    eval_samples: int = 4
+    warm_examples: int = 64000
+    warm_lr: float = 3e-3
+    warm_batch: int = 64
+    steps: int = 200
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    learning_rate: float = 1e-4
+    drw_regularization: float = 0.05  # lr·median|score|/μ ≈ 0.11 (pilot calibration)
+    drw_every_n_steps: int = 2
+    eval_every: int = 25
+    logging_steps: int = 10
+
+
+QUICK = Sizes(num_test=64, num_val=8, eval_samples=2, warm_examples=6000, steps=8, eval_every=4, logging_steps=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# task
+
+
+def prompt_of(a: int, b: int) -> str:
+    return f"{a}+{b}="
+
+
+def split_problems(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
+    """Fixed split (independent of the run seed): test prompts, training pool, validation subset of the pool."""
+    problems = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
+    rng = random.Random(SPLIT_SEED)
+    rng.shuffle(problems)
+    test, pool = problems[: sizes.num_test], problems[sizes.num_test :]
+    return {"test": test, "pool": pool, "val": rng.sample(pool, sizes.num_val)}
+
+
+def rows_of(problems) -> list[dict]:
+    return [{"prompt": prompt_of(a, b), "completion": str(a + b), "answer": str(a + b)} for a, b in problems]
+
+
+def correctness(completions: list[str], answer: list[str], **kwargs) -> list[float]:
+    """Objective 1: exact match (`hf_stable.testing.arithmetic_reward`)."""
+    from hf_stable.testing import arithmetic_reward
+
+    return arithmetic_reward(completions, answer)
+
+
+def even_ending(completions: list[str], **kwargs) -> list[float]:
+    """Objective 2: 1 when the completion ends with an even digit (conflicts with correctness on odd sums)."""
+    return [float(c.strip()[-1:] in ("0", "2", "4", "6", "8") and c.strip() != "") for c in completions]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measurements
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], sample: bool, seed: int) -> list[str]:
+    was_training = model.training
+    model.eval()
+    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    width, pad = max(map(len, encoded)), tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=(ids != pad).long(), max_new_tokens=MAX_COMPLETION,
+                             do_sample=sample, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad,
+                             eos_token_id=tokenizer.eos_token_id)
+    model.train(was_training)
+    eos = tokenizer.eos_token_id
+    new = [row[: row.index(eos)] if eos in row else row for row in out[:, width:].tolist()]
+    return tokenizer.batch_decode(new, skip_special_tokens=True)
+
+
+def evaluate(model, tokenizer, problems, samples: int, seed: int, sample: bool = True) -> dict[str, float]:
+    """Mean of each objective over `samples` completions per prompt (temperature 1, or greedy)."""
+    prompts = [prompt_of(a, b) for a, b in problems] * samples
+    answers = [str(a + b) for a, b in problems] * samples
+    texts = generate(model, tokenizer, prompts, sample=sample, seed=seed)
+    return {"correctness": statistics.fmean(correctness(texts, answers)),
+            "even_ending": statistics.fmean(even_ending(texts))}
+
+
+def make_eval_callback(tokenizer, problems, sizes: Sizes, seed: int):
+    """Records the held-out objective means at step 0, every `eval_every` steps and at the end (evaluation RNG
+    depends on (seed, step) only, shared by all arms)."""
+    from transformers import TrainerCallback
+
+    class EvalCurve(TrainerCallback):
+        def __init__(self):
+            self.points: list[dict] = []
+
+        def record(self, step: int, model) -> None:
+            if self.points and self.points[-1]["step"] == step:
+                return
+            means = evaluate(model, tokenizer, problems, sizes.eval_samples, 10_000 * (seed + 1) + step)
+            self.points.append({"step": step, **means})
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.record(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % sizes.eval_every == 0:
+                self.record(state.global_step, model)
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            self.record(state.global_step, model)
+
+    return EvalCurve()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# training
+
+
+def warm_cache_dir(seed: int, sizes: Sizes) -> Path:
+    fields = {k: v for k, v in asdict(sizes).items() if k.startswith("warm") or k == "num_test"}
+    key = hashlib.sha1(json.dumps({**fields, "max_operand": MAX_OPERAND, "split": SPLIT_SEED},
+                                  sort_keys=True).encode()).hexdigest()[:10]
+    return ROOT / "cache" / NAME / f"warm_seed{seed}_{key}"
+
+
+def warm_start(seed: int, sizes: Sizes, split: dict) -> tuple[Path, bool]:
+    """The SFT checkpoint of `seed` (trained once, then loaded from the cache)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    from hf_stable import StableSFTConfig, StableSFTTrainer
+    from hf_stable.testing import build_tiny_model
+
+    path = warm_cache_dir(seed, sizes)
+    if (path / "done.json").exists():
+        return path, True
+    start = time.time()
+    model, tokenizer = build_tiny_model(seed=seed, max_position_embeddings=64)
+    rng = random.Random(seed)
+    rows = [{"prompt": r["prompt"], "completion": r["completion"]}
+            for r in rows_of(rng.choice(split["pool"]) for _ in range(sizes.warm_examples))]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = StableSFTConfig(
+            output_dir=tmp, seed=seed, learning_rate=sizes.warm_lr, per_device_train_batch_size=sizes.warm_batch,
+            num_train_epochs=1, lr_scheduler_type="linear", warmup_steps=0.1, weight_decay=1e-4, logging_steps=50,
+            max_length=32, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+        trainer = StableSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                   processing_class=tokenizer)
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "done.json").write_text(json.dumps({"steps": trainer.state.global_step, "seconds": time.time() - start}))
+    print(f"[seed {seed}] warm start: {trainer.state.global_step} steps in {time.time() - start:.0f}s", flush=True)
+    return path, False
+
+
+def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
+    from hf_stable import StableGRPOConfig
+
+    extra = {"static": {}, "dvao": {"advantage_estimator": "dvao"}, "ctwa": {"reward_weighting": "ctwa"},
+             "hypervolume": {"reward_weighting": "hypervolume", "drw_val_size": sizes.num_val, "drw_eval_every": 1},
+             "gradient": {"reward_weighting": "gradient", "drw_regularization": sizes.drw_regularization,
+                          "drw_every_n_steps": sizes.drw_every_n_steps}}[arm]
+    return StableGRPOConfig(
+        output_dir=output_dir, seed=seed, learning_rate=sizes.learning_rate, lr_scheduler_type="constant",
+        max_steps=sizes.steps, per_device_train_batch_size=sizes.prompts_per_step * sizes.num_generations,
+        num_generations=sizes.num_generations, max_completion_length=MAX_COMPLETION, reward_weights=BASE_WEIGHTS,
+        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, logging_steps=sizes.logging_steps, use_cpu=True, bf16=False,
+        gradient_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0, **extra)
+
+
+def train_log(log_history: list[dict]) -> list[dict]:
+    """Per logging window: training reward means, the weights, and the controllers' own diagnostics."""
+    prefixes = ("rewards/", "stable/grpo/weights/", "stable/grpo/hv/", "stable/grpo/drw/", "stable/grpo/ctwa/")
+    return [{"step": h["step"], "reward": h["reward"],
+             **{k: v for k, v in h.items() if k.startswith(prefixes) and isinstance(v, (int, float))}}
+            for h in log_history if "reward" in h]
+
+
+def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> dict:
+    """One arm from a fresh copy of the warm start (from_pretrained: never a deep copy of a trained model)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PrinterCallback
+
+    from hf_stable import StableGRPOTrainer
+    from hf_stable.testing import build_tiny_tokenizer
+
+    start = time.time()
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(warm_path), build_tiny_tokenizer()
+    callback = make_eval_callback(tokenizer, split["test"], sizes, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = StableGRPOTrainer(model=model, reward_funcs=[correctness, even_ending],
+                                    args=arm_config(arm, seed, sizes, tmp),
+                                    train_dataset=Dataset.from_list(rows_of(split["pool"])),
+                                    eval_dataset=Dataset.from_list(rows_of(split["val"])),
+                                    processing_class=tokenizer, callbacks=[callback])
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    log = train_log(trainer.state.log_history)
+    result = {"start": {k: callback.points[0][k] for k in OBJECTIVES},
+              "end": {k: callback.points[-1][k] for k in OBJECTIVES},
+              "greedy_end": evaluate(model, tokenizer, split["test"], 1, 0, sample=False),
+              "final_weights": trainer._controller.weights.tolist(), "curve": callback.points, "train_log": log,
+              "steps": trainer.state.global_step, "seconds": time.time() - start}
+    s, e = result["start"], result["end"]
+    print(f"[seed {seed}] {arm:12s} correct {s['correctness']:.3f} -> {e['correctness']:.3f}  even "
+          f"{s['even_ending']:.3f} -> {e['even_ending']:.3f}  weights "
+          f"{[round(w, 3) for w in result['final_weights']]}  ({result['seconds']:.0f}s)", flush=True)
+    return result
+
+
+def run_seed(seed: int, sizes: Sizes, arms: list[str], warm_seed: int) -> dict:
+    split = split_problems(sizes)
+    warm_path, cached = warm_start(warm_seed, sizes, split)
+    return {"warm_cached": cached, "arms": {arm: run_arm(arm, seed, sizes, warm_path, split) for arm in arms}}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# aggregation, verdicts, outputs
+
+
+def mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def aggregate(per_seed: dict, arms: list[str]) -> dict:
+    seeds = list(per_seed)
+    out = {"start": {k: mean_std([per_seed[s]["arms"][arms[0]]["start"][k] for s in seeds]) for k in OBJECTIVES},
+           "arms": {}}
+    for arm in arms:
+        runs = [per_seed[s]["arms"][arm] for s in seeds]
+        steps = [p["step"] for p in runs[0]["curve"]]
+        out["arms"][arm] = {
+            **{k: mean_std([r["end"][k] for r in runs]) for k in OBJECTIVES},
+            **{f"greedy_{k}": mean_std([r["greedy_end"][k] for r in runs]) for k in OBJECTIVES},
+            "final_weights": [statistics.fmean(r["final_weights"][i] for r in runs) for i in range(len(OBJECTIVES))],
+            "diagnostics": diagnostics(runs),
+            "curve": {"step": steps, **{k: [statistics.fmean(r["curve"][i][k] for r in runs)
+                                            for i in range(len(steps))] for k in OBJECTIVES}},
+        }
+    return out
+
+
+def diagnostics(runs: list[dict]) -> dict[str, float]:
+    """Controller behaviour over the logging windows and seeds: the hypervolume multiplier and the share of windows
+    with a positive hypervolume contribution, CTWA's largest deficit, each seed's final share of the correctness
+    weight `w_0 / (w_0 + w_1)`."""
+    logs = [h for r in runs for h in r["train_log"]]
+    out = {}
+    multipliers = [h["stable/grpo/hv/multiplier"] for h in logs if "stable/grpo/hv/multiplier" in h]
+    if multipliers:
+        out["hv_multiplier_mean"] = statistics.fmean(multipliers)
+        out["hv_positive_contribution_frac"] = statistics.fmean(
+            float(h["stable/grpo/hv/contribution"] > 0) for h in logs if "stable/grpo/hv/contribution" in h)
+    deficits = [v for h in logs for k, v in h.items() if k.startswith("stable/grpo/ctwa/deficit_")]
+    if deficits:
+        out["ctwa_max_deficit"] = max(deficits)
+    out["final_correctness_share"] = [r["final_weights"][0] / sum(r["final_weights"]) for r in runs]
+    return out
+
+
+def pareto_relation(point: tuple[float, float], static: tuple[float, float]) -> str:
+    """`dominates` / `dominated` / `equal` / `neither` in the plain Pareto order (both objectives maximised)."""
+    ge = all(p >= s for p, s in zip(point, static, strict=True))
+    le = all(p <= s for p, s in zip(point, static, strict=True))
+    if ge and le:
+        return "equal"
+    return "dominates" if ge else "dominated" if le else "neither"
+
+
+def passes(point: tuple[float, float], static: tuple[float, float]) -> bool:
+    """The pre-registered condition: both objectives ≥ static − 0.02 and one strictly better."""
+    return (all(p >= s - TOLERANCE for p, s in zip(point, static, strict=True))
+            and any(p > s for p, s in zip(point, static, strict=True)))
+
+
+def verdicts(per_seed: dict, agg: dict, arms: list[str]) -> dict:
+    if "static" not in arms:
+        return {}
+
+    def point(source: dict) -> tuple[float, float]:
+        return tuple(source[k]["mean"] if isinstance(source[k], dict) else source[k] for k in OBJECTIVES)
+
+    static = point(agg["arms"]["static"])
+    methods = {}
+    for arm in arms:
+        if arm == "static":
+            continue
+        runs = {s: per_seed[s]["arms"] for s in per_seed}
+        seed_relations = [pareto_relation(point(r[arm]["end"]), point(r["static"]["end"])) for r in runs.values()]
+        mine = point(agg["arms"][arm])
+        paired = {k: mean_std([r[arm]["end"][k] - r["static"]["end"][k] for r in runs.values()]) for k in OBJECTIVES}
+        for d in paired.values():  # |mean| within two standard errors of the paired seed differences
+            d["within_noise"] = len(d["values"]) < 2 or abs(d["mean"]) <= 2 * d["std"] / len(d["values"]) ** 0.5
+        methods[arm] = {"relation": pareto_relation(mine, static), "passes": passes(mine, static), "paired": paired,
+                        "delta": {k: m - s for k, m, s in zip(OBJECTIVES, mine, static, strict=True)},
+                        "per_seed_relations": seed_relations,
+                        "per_seed_passes": sum(passes(point(r[arm]["end"]), point(r["static"]["end"]))
+                                               for r in runs.values())}
+    adaptive = [m for m in methods if m in ADAPTIVE]
+    return {"criterion": f"some adaptive method has both objectives ≥ static − {TOLERANCE} and one > static "
+                         "(seed means)",
+            "passed": any(methods[m]["passes"] for m in adaptive),
+            "static": dict(zip(OBJECTIVES, static, strict=True)), "methods": methods}
+
+
+def plot(per_seed: dict, agg: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    ax = axes[0]
+    start = agg["start"]
+    ax.scatter([start["correctness"]["mean"]], [start["even_ending"]["mean"]], marker="*", s=220, color="gray",
+               label="warm start", zorder=5)
+    xs = [0.0, 0.5, 1.0]
+    ax.plot(xs, [1.5 - x if x >= 0.5 else 1.0 for x in xs], color="gray", linestyle=":", linewidth=1)
+    for arm, summary in agg["arms"].items():
+        curve = summary["curve"]
+        ax.plot(curve["correctness"], curve["even_ending"], color=COLORS[arm], alpha=0.4)
+        ax.scatter([summary["correctness"]["mean"]], [summary["even_ending"]["mean"]], s=110, color=COLORS[arm],
+                   edgecolor="black", label=LABELS[arm], zorder=4)
+        ax.scatter(summary["correctness"]["values"], summary["even_ending"]["values"], s=22, color=COLORS[arm],
+                   alpha=0.6)
+    ax.set(title="final Pareto plot, held-out (big: seed mean, small: seeds,\nline: mean trajectory; dotted: "
+                 "correct + even = 1.5 bound)", xlabel="objective 1: correctness", ylabel="objective 2: even ending")
+    ax.legend(fontsize=8)
+    for ax, key in ((axes[1], "correctness"), (axes[2], "even_ending")):
+        for arm, summary in agg["arms"].items():  # static dashed on top: an arm that never adapts hides under it
+            style = {"linestyle": "--", "zorder": 5} if arm == "static" else {}
+            ax.plot(summary["curve"]["step"], summary["curve"][key], color=COLORS[arm], label=LABELS[arm], **style)
+        ax.set(title=f"held-out mean {key} (T = 1 samples)", xlabel="RL step")
+    axes[2].legend(fontsize=8)
+    fig.suptitle("E-G2: two conflicting rewards, static sum vs adaptive combination (mean over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def interpretation(agg: dict, result: dict) -> str:
+    v = result["criteria"]
+    if not v:
+        return "No static arm in this run: no verdicts."
+    static = v["static"]
+    parts = [f"The static sum ends at correctness {static['correctness']:.3f} / even ending "
+             f"{static['even_ending']:.3f} from {agg['start']['correctness']['mean']:.3f} / "
+             f"{agg['start']['even_ending']['mean']:.3f}."]
+    parts.append("Against it: " + "; ".join(
+        f"{LABELS[m]} {d['delta']['correctness']:+.3f} / {d['delta']['even_ending']:+.3f} ({d['relation']})"
+        for m, d in v["methods"].items()) + ".")
+    winners = [LABELS[m] for m, d in v["methods"].items() if d["passes"]]
+    parts.append(f"The pre-registered criterion {'holds' if v['passed'] else 'fails'}"
+                 + (f" ({', '.join(winners)})." if winners else ": no adaptive method meets it."))
+    noisy = [LABELS[m] for m, d in v["methods"].items() if all(x["within_noise"] for x in d["paired"].values())]
+    if noisy:
+        parts.append(f"For {', '.join(noisy)} both paired differences to the static sum are within two standard "
+                     "errors of the seed-to-seed spread, so these relations are not distinguishable from noise.")
+    a = agg["arms"]
+    if "hypervolume" in a and "hv_multiplier_mean" in a["hypervolume"]["diagnostics"]:
+        hv = a["hypervolume"]["diagnostics"]
+        parts.append(f"The hypervolume multiplier averaged {hv['hv_multiplier_mean']:.2f} (positive contribution "
+                     f"in {hv['hv_positive_contribution_frac']:.0%} of the logging windows): a validation point only "
+                     "adds hypervolume when it beats the initial model (the reference point) on both objectives, "
+                     "which a move along the trade-off cannot do, and a near-constant multiplier of the advantages is "
+                     "expected to be largely absorbed by Adam's normalisation"
+                     + ("; the arm ended within noise of the static sum." if all(
+                         d["within_noise"] for d in v["methods"]["hypervolume"]["paired"].values()) else "."))
+    if "ctwa" in a and a["ctwa"]["diagnostics"].get("ctwa_max_deficit", 1.0) == 0.0:
+        parts.append("CTWA's within-group covariances never fell below their 0.1 targets, so its weights never moved "
+                     "and its runs are the static runs.")
+    if "gradient" in a:
+        shares = ", ".join(f"{x:.3f}" for x in a["gradient"]["diagnostics"]["final_correctness_share"])
+        parts.append(f"Gradient weighting drove the weights toward a corner whose direction depends on the seed "
+                     f"(final correctness share per seed: {shares}).")
+    if v["passed"] and all(all(x["within_noise"] for x in d["paired"].values())
+                           for d in v["methods"].values() if d["passes"]):
+        parts.append("Bottom line: the criterion's PASS rests on margins inside the seed noise; no adaptive method "
+                     "shows a Pareto improvement over the static sum that this experiment can resolve.")
+    return " ".join(parts)
+
+
+def markdown(result: dict, command: str) -> str:
+    agg, v, cfg = result["aggregated"], result["criteria"], result["config"]
+    sizes = cfg["sizes"]
+
+    def fmt(ms):
+        return f"{ms['mean']:.3f} ± {ms['std']:.3f}"
+
+    lines = [
+        "# E-G2: adaptive reward combination vs a static weighted sum (two conflicting rewards)",
+        "",
+        f"Seeds {cfg['seeds']} (RL; one shared warm start, seed {cfg['warm_seed']}), mean ± std over seeds. "
+        f"{sizes['steps']} RL steps × {sizes['prompts_per_step']} "
+        f"prompts × G = {sizes['num_generations']}, LR {sizes['learning_rate']:g} (constant, chosen on the static "
+        f"arm in a pilot), base weights {BASE_WEIGHTS}, gradient weighting μ = {sizes['drw_regularization']:g} "
+        f"(step lr·s/μ ≈ {GRADIENT_STEP} at the median pilot |score|). Objectives on {sizes['num_test']} held-out "
+        f"prompts, {sizes['eval_samples']} samples each at T = 1; greedy at the end in the last columns.",
+        "",
+        "| method | correctness | even ending | vs static (Pareto) | criterion | seeds: relation "
+        "| paired Δ correctness | paired Δ even | final weights | greedy correctness | greedy even |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    s = agg["start"]
+    lines.append(f"| warm start | {fmt(s['correctness'])} | {fmt(s['even_ending'])} | – | – | – | – | – | – | – | – |")
+    for arm, a in agg["arms"].items():
+        d = v.get("methods", {}).get(arm)
+        relation = d["relation"] if d else "(reference)"
+        crit = f"{'PASS' if d['passes'] else 'FAIL'} ({d['per_seed_passes']}/{len(cfg['seeds'])} seeds)" if d else "–"
+        seeds = ", ".join(d["per_seed_relations"]) if d else "–"
+        paired = [f"{d['paired'][k]['mean']:+.3f} ± {d['paired'][k]['std']:.3f}" if d else "–" for k in OBJECTIVES]
+        weights = ", ".join(f"{w:.3g}" for w in a["final_weights"])
+        lines.append(f"| {LABELS[arm]} | {fmt(a['correctness'])} | {fmt(a['even_ending'])} | {relation} | {crit} | "
+                     f"{seeds} | {paired[0]} | {paired[1]} | {weights} | {fmt(a['greedy_correctness'])} | "
+                     f"{fmt(a['greedy_even_ending'])} |")
+    if v:
+        lines += ["", f"Criterion: {v['criterion']}: **{'PASS' if v['passed'] else 'FAIL'}**."]
+    pilot = cfg["pilot"]
+    grad = pilot["gradient_calibration"]
+    lines += ["", "## Interpretation", "", interpretation(agg, result), "",
+              f"Pilot (static arm only, seed {pilot['seed']}, {pilot['steps']} steps, not reported above), final "
+              "held-out correctness / even ending by LR from "
+              f"{pilot['start']['correctness']:.3f} / {pilot['start']['even_ending']:.3f}: "
+              + ", ".join(f"{lr}: {v['correctness']:.3f} / {v['even_ending']:.3f}"
+                          for lr, v in pilot["results"].items())
+              + f"; chosen LR {pilot['chosen']:g} (best correctness + even ending; 3e-5 was added because 1e-4 sat at "
+              f"the grid edge). Gradient weighting: median |influence score| {grad['median_abs_score']} over its "
+              f"first {grad['steps']} steps at LR {grad['lr']:g}, so μ = {grad['regularization']} gives a step of "
+              f"{grad['step_at_median']:.2f}. Warm start: {pilot['earlier_warm_starts']}. Budget: {pilot['timing']}.",
+              "", f"Note: {pilot['mistaken_first_run']}.",
+              "", "## Rerun", "", f"    {command}", "",
+              f"Wall time of this run: {result['wall_seconds']:.0f} s (warm starts cached: {result['warm_cached']}).",
+              ""]
+    return "\n".join(lines)
+
+
+def quiet() -> None:
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    logging.getLogger("hf_stable").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", default=str(ROOT / "results"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="subset of arms (pilot)")
+    parser.add_argument("--learning_rate", type=float, default=None, help="override the LR (pilot only)")
+    parser.add_argument("--steps", type=int, default=None, help="override the number of steps (pilot only)")
+    parser.add_argument("--drw_regularization", type=float, default=None, help="override μ (pilot only)")
+    parser.add_argument("--warm_seed", type=int, default=0, help="seed of the shared warm start")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    cli = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    quiet()
+    sizes = QUICK if cli.quick else Sizes()
+    overrides = {k: getattr(cli, k) for k in ("learning_rate", "steps", "drw_regularization")
+                 if getattr(cli, k) is not None}
+    sizes = replace(sizes, **overrides)
+    seeds = cli.seeds[:1] if cli.quick else cli.seeds
+    start = time.time()
+    per_seed = {str(seed): run_seed(seed, sizes, cli.arms, cli.warm_seed) for seed in seeds}
+    agg = aggregate(per_seed, cli.arms)
+    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_multi_objective.py" + (
+        " --quick" if cli.quick else "")
+    if seeds != [0, 1, 2] and not cli.quick:
+        command += " --seeds " + " ".join(map(str, seeds))
+    if cli.arms != list(ARMS):
+        command += " --arms " + " ".join(cli.arms)
+    command += "".join(f" --{k} {v:g}" for k, v in overrides.items())
+    if cli.warm_seed != 0:
+        command += f" --warm_seed {cli.warm_seed}"
+    result = {
+        "experiment": "E-G2 multi-objective GRPO (DVAO, CTWA, hypervolume, gradient vs static weighted sum)",
+        "config": {"seeds": seeds, "warm_seed": cli.warm_seed, "arms": cli.arms, "quick": cli.quick,
+                   "sizes": asdict(sizes),
+                   "objectives": list(OBJECTIVES), "base_weights": BASE_WEIGHTS, "max_operand": MAX_OPERAND,
+                   "max_completion_length": MAX_COMPLETION, "split_seed": SPLIT_SEED, "tolerance": TOLERANCE,
+                   "ctwa": {"cov_targets": [0.1, 0.1], "lambda_lr": 0.05, "ema_tau": 0.1},
+                   "dvao": {"sigma_power": 1.0}, "hypervolume": {"val_size": sizes.num_val, "eval_every": 1},
+                   "gradient": {"regularization": sizes.drw_regularization, "target_step": GRADIENT_STEP,
+                                "every_n_steps": sizes.drw_every_n_steps},
+                   "pilot": PILOT, "torch_threads": torch.get_num_threads()},
+        "per_seed": per_seed, "aggregated": agg, "criteria": verdicts(per_seed, agg, cli.arms),
+        "wall_seconds": time.time() - start,
+        "warm_cached": all(r["warm_cached"] for r in per_seed.values()), "command": command,
+    }
+    out = Path(cli.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
+    plot(per_seed, agg, out / f"{NAME}.png")
+    (out / f"{NAME}.md").write_text(markdown(result, command))
+    v = result["criteria"]
+    for arm, d in v.get("methods", {}).items():
+        print(f"{arm:12s} {d['relation']:10s} Δcorrect {d['delta']['correctness']:+.3f} Δeven "
+              f"{d['delta']['even_ending']:+.3f}  criterion {'PASS' if d['passes'] else 'FAIL'}  seeds "
+              f"{d['per_seed_relations']}")
+    if v:
+        print(f"{'PASS' if v['passed'] else 'FAIL'}: {v['criterion']}")
+    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
