@@ -64,9 +64,19 @@ def _merged_decomposition(module, adapters) -> tuple[float | torch.Tensor, torch
     return scale, offset
 
 
+UNMERGE_MIN_SCALE = 1e-3
+
+
 def _solve_base(weight: torch.Tensor, scale, offset) -> torch.Tensor:
     if isinstance(offset, float) and isinstance(scale, float) and scale == 1.0:
         return weight  # nothing merged: the common case stays bit-exact
+    if abs(float(scale)) < UNMERGE_MIN_SCALE:
+        # training can drive 1 + a through 0 (the base direction flipped); W0 is then not recoverable
+        raise ValueError(
+            f"Cannot unmerge this MAP adapter: the merged weight holds W0 scaled by (1 + a) = {float(scale):.2e}, "
+            "too close to 0 to solve for W0. Reload the base weights instead, or use `merge_and_unload` / "
+            "`hf_stable.adapters.merge_and_export`, which never unmerge."
+        )
     return (weight - offset) / scale
 
 

@@ -190,6 +190,16 @@ def test_lora_conversion_is_unsupported():
         convert_to_lora(model, rank=2)
 
 
+def test_unmerge_refuses_when_the_base_direction_was_scaled_to_zero():
+    """Training can drive 1 + a through 0; W0 is then not recoverable from the merged weight, so unmerge says so."""
+    model = wrap(Net())
+    layer = model.base_model.model.proj
+    randomise(layer, "default", a=-1.0 + 1e-5, b=0.3, seed=0)
+    model.merge_adapter()
+    with pytest.raises(ValueError, match="Cannot unmerge this MAP adapter"):
+        model.unmerge_adapter()
+
+
 @pytest.mark.filterwarnings("ignore:Already following adapters were merged")
 def test_several_adapters_add_up_in_any_order_and_merge_exactly():
     net = Net()
