@@ -45,6 +45,8 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/grpo_reward_noise.py
 	$(BIN)/python experiments/grpo_length.py
 	$(BIN)/python experiments/grpo_multi_objective.py
+	$(BIN)/python experiments/adapters_map_rank.py
+	$(BIN)/python experiments/adapters_rslora_rank.py
 	$(BIN)/python experiments/adapters_tfb_calibration.py
 	$(BIN)/python experiments/adapters_sine_unlearning.py
 

@@ -18,6 +18,8 @@ SCRIPTS = [
     "grpo_length",
     "grpo_multi_objective",
     "adapters_tfb_calibration",
+    "adapters_map_rank",
+    "adapters_rslora_rank",
 ]
 
 
