@@ -208,5 +208,64 @@ PAPERS = {
             2025,
             "Garg, Arpit and Saratchandran, Hemanth and Garg, Ravi and Lucey, Simon",
         ),
+        _arxiv(
+            "ga_unlearning",
+            "Knowledge Unlearning for Mitigating Privacy Risks in Language Models",
+            "2210.01504",
+            2022,
+            "Jang, Joel and Yoon, Dongkeun and Yang, Sohee and Cha, Sungmin and Lee, Moontae and Logeswaran, "
+            "Lajanugen and Seo, Minjoon",
+        ),
+        _arxiv(
+            "npo",
+            "Negative Preference Optimization: From Catastrophic Collapse to Effective Unlearning",
+            "2404.05868",
+            2024,
+            "Zhang, Ruiqi and Lin, Licong and Bai, Yu and Mei, Song",
+        ),
+        _arxiv(
+            "simnpo",
+            "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
+            "2410.07163",
+            2024,
+            "Fan, Chongyu and Liu, Jiancheng and Lin, Licong and Jia, Jinghan and Zhang, Ruiqi and Mei, Song and "
+            "Liu, Sijia",
+        ),
+        _arxiv(
+            "sga",
+            "Label Smoothing Improves Gradient Ascent in LLM Unlearning",
+            "2510.22376",
+            2025,
+            "Pang, Zirui and Zheng, Hao and Deng, Zhijie and Li, Ling and Zhong, Zixin and Wei, Jiaheng",
+        ),
+        _arxiv(
+            "pdu",
+            "Constrained Entropic Unlearning: A Primal-Dual Framework for Large Language Models",
+            "2506.05314",
+            2025,
+            "Entesari, Taha and Hatami, Arman and Khaziev, Rinat and Ramakrishna, Anil and Fazlyab, Mahyar",
+        ),
+        _arxiv(
+            "stableun",
+            "Beyond Sharp Minima: Robust LLM Unlearning via Feedback-Guided Multi-Point Optimization",
+            "2509.20230",
+            2025,
+            "Wu, Wenhan and Liu, Zheyuan and Gao, Chongyang and Wang, Ren and Ding, Kaize",
+        ),
+        _arxiv(
+            "dmm",
+            "Attribute-to-Delete: Machine Unlearning via Datamodel Matching",
+            "2410.23232",
+            2024,
+            "Georgiev, Kristian and Rinberg, Roy and Park, Sung Min and Garg, Shivam and Ilyas, Andrew and Madry, "
+            "Aleksander and Neel, Seth",
+        ),
+        _arxiv(
+            "tofu",
+            "TOFU: A Task of Fictitious Unlearning for LLMs",
+            "2401.06121",
+            2024,
+            "Maini, Pratyush and Feng, Zhili and Schwarzschild, Avi and Lipton, Zachary C. and Kolter, J. Zico",
+        ),
     )
 }

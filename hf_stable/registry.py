@@ -91,6 +91,8 @@ _METHOD_MODULES = (
     "hf_stable.losses.aggregation",
     "hf_stable.losses.policy",
     "hf_stable.losses.reward_weighting",
+    "hf_stable.losses.unlearning",
+    "hf_stable.trainers._unlearn_methods",
     "hf_stable.rewards",
 )
 
