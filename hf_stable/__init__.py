@@ -29,6 +29,8 @@ _LAZY = {
     "StableSFTTrainer": "hf_stable.trainers.sft",
     "StableGRPOConfig": "hf_stable.trainers.grpo",
     "StableGRPOTrainer": "hf_stable.trainers.grpo",
+    "UnlearningConfig": "hf_stable.trainers.unlearning_config",
+    "UnlearningTrainer": "hf_stable.trainers.unlearning",
 }
 
 __all__ = ["__version__", "get_registry", "list_methods", *_LAZY]
@@ -49,3 +51,5 @@ def __dir__():
 if TYPE_CHECKING:
     from .trainers.grpo import StableGRPOConfig, StableGRPOTrainer  # noqa: F401
     from .trainers.sft import StableSFTConfig, StableSFTTrainer  # noqa: F401
+    from .trainers.unlearning import UnlearningTrainer  # noqa: F401
+    from .trainers.unlearning_config import UnlearningConfig  # noqa: F401

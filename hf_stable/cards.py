@@ -22,7 +22,7 @@ TEMPLATE = """---
 {% if base_model %}This model is a fine-tuned version of [{{ base_model }}](https://huggingface.co/{{ base_model }})\
 {% else %}This model was fine-tuned from a local checkpoint{% endif %}\
 {% if dataset_name %} on the `{{ dataset_name }}` dataset{% endif %}. It was trained with **{{ trainer_name }}** from \
-[hf_stable](https://github.com/hf-stable/hf_stable), a subclass of TRL's `{{ trl_trainer }}`.
+[hf_stable](https://github.com/hf-stable/hf_stable), a subclass of `{{ trl_trainer }}`.
 
 ## Method
 

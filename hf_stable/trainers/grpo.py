@@ -757,7 +757,7 @@ class StableGRPOTrainer(StableStateMixin, AdapterOptimizerMixin, GRPOTrainer):
         )
         card = TrainingCard(
             trainer_name="StableGRPOTrainer",
-            trl_trainer="GRPOTrainer",
+            trl_trainer="trl.GRPOTrainer",
             method=method,
             settings=chosen,
             tags=[*self._tag_names, *tags],

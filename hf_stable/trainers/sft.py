@@ -868,7 +868,7 @@ class StableSFTTrainer(StableStateMixin, AdapterOptimizerMixin, SFTTrainer):
         )
         card = TrainingCard(
             trainer_name="StableSFTTrainer",
-            trl_trainer="SFTTrainer",
+            trl_trainer="trl.SFTTrainer",
             method="\n\n".join(method),
             settings=settings,
             tags=[*self._tag_names, f"sft_objective-{args.sft_objective}", *tags],
