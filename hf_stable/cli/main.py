@@ -3,6 +3,7 @@
 ```bash
 hf-stable sft --config examples/configs/sft_prob.yaml [--accelerate_config ddp|zero2|zero3|fsdp2]
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
+hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable demo [--output_dir demo_output]
 hf-stable list [--family sft_objective]
 ```
@@ -17,6 +18,7 @@ import sys
 TRAINING_COMMANDS = {
     "sft": "SFT with hf_stable objectives (StableSFTTrainer); --help lists every flag",
     "grpo": "GRPO with hf_stable variants (StableGRPOTrainer); --help lists every flag",
+    "unlearn": "Unlearning with UnlearningTrainer (GA, NPO, SimNPO, PDU, StableUN, ...); --help lists every flag",
 }
 
 

@@ -224,3 +224,49 @@ def test_stable_peft_config_keeps_trl_fields():
     trl_config = get_peft_config(args)
     for name in ("r", "lora_alpha", "target_modules", "lora_dropout", "bias", "use_rslora", "task_type"):
         assert getattr(config, name) == getattr(trl_config, name), name
+
+
+@pytest.mark.slow
+def test_unlearn_from_the_command_line(tmp_path, tiny_model_dir):
+    """`hf-stable unlearn` on forget/retain splits saved to disk: trains, evaluates, saves model, report and card."""
+    from datasets import DatasetDict
+
+    from hf_stable.testing import arithmetic_dataset
+
+    rows = arithmetic_dataset(40, seed=5, max_operand=999).to_list()
+    unique = list({r["prompt"]: r for r in rows}.values())
+    from datasets import Dataset
+
+    data = tmp_path / "data"
+    DatasetDict({"forget": Dataset.from_list(unique[:8]), "retain": Dataset.from_list(unique[8:32])}).save_to_disk(
+        str(data)
+    )
+    out = tmp_path / "out"
+    _run(
+        [
+            "unlearn",
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            str(data),
+            "--unlearn_method",
+            "simnpo",
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "4",
+            "--output_dir",
+            str(out),
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--save_strategy",
+            "no",
+        ]
+    )
+    report = json.loads((out / "unlearning_report.json").read_text())
+    assert {"forget_acc", "forget_prob", "retain_acc"} <= set(report)
+    assert (out / "model.safetensors").is_file()
+    card = (out / "README.md").read_text()
+    assert "UnlearningTrainer" in card and "simnpo" in card and "forget_prob" in card
+    assert not any(r["prompt"] in card for r in unique[:8])

@@ -21,3 +21,18 @@ def test_example_config_parses(path):
     assert model_args.model_name_or_path and args.output_dir
     assert script_args.synthetic_dataset or script_args.dataset_name
     assert args.use_cpu and not args.bf16  # runnable on the CPU machines the examples target
+
+
+UNLEARN_CONFIGS = sorted(
+    glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", "unlearn_*.yaml"))
+)
+
+
+@pytest.mark.parametrize("path", UNLEARN_CONFIGS, ids=os.path.basename)
+def test_unlearn_example_config_parses(path):
+    from hf_stable.scripts.unlearn import make_parser as unlearn_parser
+
+    script_args, args, _ = unlearn_parser().parse_args_and_config(["--config", path])
+    assert script_args.tinytofu_seed is not None or script_args.dataset_name
+    assert args.output_dir and args.use_cpu and not args.bf16
+    assert args.unlearn_method in ("simnpo", "pdu")

@@ -1,0 +1,134 @@
+# /// script
+# dependencies = ["hf-stable"]
+# ///
+"""`hf-stable unlearn`: unlearning with `UnlearningTrainer` from a YAML config or flags.
+
+```bash
+hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
+hf-stable unlearn --model_name_or_path ./model --dataset_name ./my_data --forget_split forget --retain_split retain \
+    --unlearn_method simnpo --output_dir out
+hf-stable unlearn --tinytofu_seed 0 --unlearn_method simnpo --output_dir out      # the offline TinyTOFU benchmark
+```
+Every `TrainingArguments`/`ModelConfig` flag works; `UnlearningConfig` adds `unlearn_method`, `retain_loss_type`, ....
+After training the script evaluates (forget / retain / holdout metrics), writes `unlearning_report.json` and a model
+card with the metrics, and saves the model (adapters also merged into `output_dir/merged`).
+"""
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class UnlearnScriptArguments:
+    """Where the forget / retain / holdout rows come from.
+
+    Parameters:
+        dataset_name (`str`, *optional*): a Hub dataset id, a local path for `datasets.load_dataset`, or a
+            `DatasetDict` saved with `save_to_disk`.
+        dataset_config (`str`, *optional*): its configuration name.
+        forget_split, retain_split (`str`): splits with prompt/completion rows (defaults `forget`, `retain`).
+        holdout_split (`str`, *optional*): never-trained rows of the same form (evaluation, collapse guard).
+        tinytofu_seed (`int`, *optional*): use the offline TinyTOFU benchmark of this seed instead: its data, and its
+            full model (trained and cached on first use) unless `model_name_or_path` is given.
+        evaluate (`bool`, defaults to `True`): run `evaluate_unlearning` after training.
+    """
+
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub id or local path of the dataset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    forget_split: str = field(default="forget", metadata={"help": "Split with the rows to forget."})
+    retain_split: str = field(default="retain", metadata={"help": "Split with the rows to keep."})
+    holdout_split: str | None = field(default=None, metadata={"help": "Split with never-trained rows."})
+    tinytofu_seed: int | None = field(default=None, metadata={"help": "Use TinyTOFU (offline) with this seed."})
+    evaluate: bool = field(default=True, metadata={"help": "Evaluate forgetting and utility after training."})
+
+    def __post_init__(self):
+        if self.tinytofu_seed is None and self.dataset_name is None:
+            raise ValueError("Give `dataset_name` (with forget/retain splits) or `tinytofu_seed`.")
+
+
+def _load(script_args, model_args):
+    """(model or path, tokenizer or None, forget, retain, holdout, extras for the evaluation)."""
+    if script_args.tinytofu_seed is not None:
+        from hf_stable.testing.tinytofu import make_tinytofu, train_tinytofu
+
+        data = make_tinytofu(script_args.tinytofu_seed)
+        if model_args.model_name_or_path:
+            model, tokenizer = model_args.model_name_or_path, None
+        else:  # trained once, then loaded from the cache
+            model, tokenizer = train_tinytofu(data, "full", seed=script_args.tinytofu_seed)[0], data.tokenizer
+        evaluation = {"world": data.world_eval, "relearn": data.relearn, "relearn_test": data.relearn_eval}
+        return model, tokenizer, data.forget, data.retain, data.holdout_eval, evaluation, data
+    from datasets import load_dataset, load_from_disk
+
+    name = script_args.dataset_name
+    if os.path.isfile(os.path.join(name, "dataset_dict.json")):  # a DatasetDict saved with save_to_disk
+        dataset = load_from_disk(name)
+    else:
+        dataset = load_dataset(name, script_args.dataset_config)
+    holdout = dataset[script_args.holdout_split] if script_args.holdout_split else None
+    return (
+        model_args.model_name_or_path,
+        None,
+        dataset[script_args.forget_split],
+        dataset[script_args.retain_split],
+        holdout,
+        {},
+        None,
+    )
+
+
+def main(script_args, training_args, model_args):
+    from hf_stable import UnlearningTrainer
+    from hf_stable.scripts.model import get_stable_peft_config
+
+    model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
+    trainer = UnlearningTrainer(
+        model=model,
+        args=training_args,
+        forget_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        holdout_dataset=holdout,
+        peft_config=get_stable_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    report = None
+    if script_args.evaluate:
+        forget_eval = data.forget_eval if data is not None else None
+        retain_eval = data.retain_eval if data is not None else None
+        report = trainer.evaluate_unlearning(forget=forget_eval, retain=retain_eval, **evaluation)
+        if trainer.is_world_process_zero():
+            os.makedirs(training_args.output_dir, exist_ok=True)
+            with open(os.path.join(training_args.output_dir, "unlearning_report.json"), "w") as f:
+                json.dump(report, f, indent=1)
+    trainer.save_model(training_args.output_dir)
+    if trainer._is_peft and trainer.is_world_process_zero():  # adapters (bounded or not): also a merged model
+        from hf_stable.adapters import merge_and_export
+
+        merged = os.path.join(training_args.output_dir, "merged")
+        merge_and_export(trainer.accelerator.unwrap_model(trainer.model), merged, tokenizer=trainer.processing_class)
+    # main process only; says what was unlearned and the metrics, never the forget rows or a token
+    trainer.create_model_card(dataset_name=script_args.dataset_name or "tinytofu", metrics=report)
+    trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub()
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
+    from trl import TrlParser
+
+    from hf_stable import UnlearningConfig
+    from hf_stable.scripts.model import StableModelConfig
+
+    dataclass_types = (UnlearnScriptArguments, UnlearningConfig, StableModelConfig)
+    if subparsers is not None:
+        return subparsers.add_parser("unlearn", help="Unlearning (UnlearningTrainer)", dataclass_types=dataclass_types)
+    return TrlParser(dataclass_types, prog=prog)
+
+
+if __name__ == "__main__":
+    parser = make_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config(fail_with_unknown_args=False)
+    main(script_args, training_args, model_args)
