@@ -59,11 +59,11 @@ class DualAscentCallback(TrainerCallback):
 
 
 class CollapseGuardCallback(TrainerCallback):
-    """Stops unlearning when it collapses: the retain NLL exceeds ``collapse_retain_factor`` × its value at the start,
-    or the forget answer probability falls below ``collapse_forget_floor`` × the holdout probability at the start
-    (answers pushed far below chance — gradient ascent's signature). With ``collapse_restore_best`` the trainable
-    weights of the last healthy check are restored. The starting statistics are checkpointed, so a resumed run
-    compares against the same start.
+    """Stops unlearning when it collapses: the retain NLL exceeds max(``collapse_retain_factor`` × its value at the
+    start, ``collapse_retain_floor``), or the forget answer probability falls below ``collapse_forget_floor`` × the
+    holdout probability at the start (answers pushed far below chance — gradient ascent's signature). With
+    ``collapse_restore_best`` the trainable weights of the last healthy check are restored. The starting statistics
+    are checkpointed, so a resumed run compares against the same start.
     """
 
     def __init__(self, trainer):
@@ -101,10 +101,11 @@ class CollapseGuardCallback(TrainerCallback):
         now = self._measure()
         g = t._guard_state
         reasons = []
-        if "retain_nll" in now and now["retain_nll"] > args.collapse_retain_factor * max(g["start_retain_nll"], 1e-6):
+        limit = max(args.collapse_retain_factor * g.get("start_retain_nll", 0.0), args.collapse_retain_floor)
+        if "retain_nll" in now and now["retain_nll"] > limit:
             reasons.append(
-                f"retain NLL {now['retain_nll']:.3g} > {args.collapse_retain_factor} × start "
-                f"{g['start_retain_nll']:.3g}"
+                f"retain NLL {now['retain_nll']:.3g} > max({args.collapse_retain_factor} × start "
+                f"{g['start_retain_nll']:.3g}, {args.collapse_retain_floor})"
             )
         if "holdout_prob" in g and now["forget_prob"] < args.collapse_forget_floor * g["holdout_prob"]:
             reasons.append(

@@ -17,3 +17,7 @@ def test_demo_quick(tmp_path, capsys):
     for run in results["results"]:
         assert 0 <= run["exact_match"] <= 1 and 0 < run["mean_p"] < 1 and run["history"]
     assert (tmp_path / "loss_curves.png").stat().st_size > 10_000
+    assert "fictitious authors on TinyTOFU" in printed and "forget accuracy" in printed
+    unlearning = results["unlearning"]
+    assert unlearning["before"]["forget_acc"] >= 0.95  # the TinyTOFU model memorised the authors to forget
+    assert unlearning["after"]["forget_acc"] < unlearning["before"]["forget_acc"]
