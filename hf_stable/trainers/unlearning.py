@@ -26,7 +26,13 @@ from ..adapters.card import adapter_card_info
 from ..losses import unlearning as L
 from ._base import AdapterOptimizerMixin, StableStateMixin
 from ._unlearn_data import ForgetRetainDataset, UnlearningCollator, row_keys, similar_rows, tokenize_rows
-from ._unlearn_targets import OracleTargets, PrecomputedTargets, PriorTargets, _shifted_logprobs
+from ._unlearn_targets import (  # noqa: F401  (precompute_dmm_targets is public API)
+    OracleTargets,
+    PrecomputedTargets,
+    PriorTargets,
+    _shifted_logprobs,
+    precompute_dmm_targets,
+)
 from .unlearning_config import UnlearningConfig
 
 

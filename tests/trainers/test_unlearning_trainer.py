@@ -272,3 +272,106 @@ def test_bad_data_raises_at_construction(tmp_path):
     dmm = UnlearningConfig(output_dir=str(tmp_path), unlearn_method="dmm", use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match="oracle_model"):
         UnlearningTrainer(model=model, args=dmm, forget_dataset=forget, retain_dataset=retain, processing_class=tok)
+
+
+def _first_batch(trainer):
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(GLOBAL_BATCH)])
+    trainer._step_counts = None
+    trainer.model.train()
+    return trainer._prepare_inputs(batch)
+
+
+def test_dmm_with_the_model_itself_as_oracle_has_zero_loss(tmp_path):
+    import copy
+
+    model, _ = build_tiny_model(seed=0)
+    _, trainer = unlearn_update(
+        tmp_path,
+        GLOBAL_BATCH,
+        1,
+        unlearn_method="dmm",
+        train=False,
+        trainer_kwargs={"oracle_model": copy.deepcopy(model)},
+    )
+    assert abs(trainer.compute_loss(trainer.model, _first_batch(trainer)).item()) < 1e-6
+
+
+def test_dmm_precomputed_full_vocabulary_targets_match_the_oracle(tmp_path):
+    """Top-k targets with k = V reproduce the oracle's distributions exactly: zero loss when the oracle is the model;
+    with a different oracle, the same loss as the live oracle."""
+    from hf_stable.trainers.unlearning import precompute_dmm_targets
+
+    forget, retain = split_data()
+    oracle, tok = build_tiny_model(seed=1)
+    targets = precompute_dmm_targets(oracle, forget, tok, k=oracle.config.vocab_size)
+    model, _ = build_tiny_model(seed=0)
+    args = UnlearningConfig(
+        output_dir=str(tmp_path), unlearn_method="dmm", dmm_target="precomputed", dmm_retain_fraction=0.0, **STEP_ARGS
+    )
+    pre = UnlearningTrainer(
+        model=model, args=args, forget_dataset=targets, retain_dataset=retain, processing_class=tok
+    )
+    live_args = UnlearningConfig(
+        output_dir=str(tmp_path), unlearn_method="dmm", dmm_target="oracle_model", dmm_retain_fraction=0.0, **STEP_ARGS
+    )
+    live = UnlearningTrainer(
+        model=build_tiny_model(seed=0)[0],
+        args=live_args,
+        forget_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tok,
+        oracle_model=oracle,
+    )
+    got = pre.compute_loss(pre.model, _first_batch(pre)).item()
+    expected = live.compute_loss(live.model, _first_batch(live)).item()
+    assert got > 1e-3 and got == pytest.approx(expected, rel=1e-4)
+
+
+def test_kl_retain_under_peft_uses_the_adapter_free_base(tmp_path):
+    """With LoRA, the reference for the KL retain term is the base with adapters disabled: zero at the start."""
+    from peft import LoraConfig
+
+    _, trainer = unlearn_update(
+        tmp_path,
+        GLOBAL_BATCH,
+        1,
+        unlearn_method="graddiff",
+        retain_loss_type="kl",
+        train=False,
+        trainer_kwargs={"peft_config": LoraConfig(r=4, target_modules=["q_proj"])},
+    )
+    assert trainer._ref_model is None and trainer._is_peft
+    assert abs(trainer._retain_term(trainer.model, _first_batch(trainer)).item()) < 1e-7
+
+
+@pytest.mark.parametrize("source", ["retain_similar", "provided"])
+def test_sga_normal_sources(tmp_path, source):
+    kwargs = {"normal_dataset": split_data(seed=7)[1]} if source == "provided" else {}
+    update, trainer = unlearn_update(
+        tmp_path,
+        GLOBAL_BATCH,
+        1,
+        unlearn_method="sga",
+        sga_num_normal=2,
+        sga_normal_source=source,
+        trainer_kwargs=kwargs,
+    )
+    item = trainer.train_dataset[0]
+    assert len(item["normal"]) == 2 and update.abs().max() > 0
+    if source == "retain_similar":
+        index = trainer.train_dataset.normal_index[0]
+        assert all(any(n is trainer._retain_rows[j] for j in index) for n in item["normal"])
+
+
+def test_periodic_unlearning_evaluation_is_logged(tmp_path):
+    _, trainer = unlearn_update(
+        tmp_path,
+        4,
+        1,
+        unlearn_method="graddiff",
+        max_steps=2,
+        unlearn_eval_steps=1,
+        trainer_kwargs={"holdout_dataset": split_data(seed=11)[1]},
+    )
+    logged = [log for log in trainer.state.log_history if "unlearn/eval/forget_acc" in log]
+    assert len(logged) == 2 and all(0 <= log["unlearn/eval/mia_auc"] <= 1 for log in logged)
