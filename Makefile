@@ -49,6 +49,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/adapters_rslora_rank.py
 	$(BIN)/python experiments/adapters_tfb_calibration.py
 	$(BIN)/python experiments/adapters_sine_unlearning.py
+	$(BIN)/python experiments/tinytofu.py
 
 clean:
 	rm -rf demo_output site .pytest_cache

@@ -1,0 +1,877 @@
+"""TinyTOFU: the CPU unlearning benchmark of spec `unlearning.md` §5 — every unlearning method of hf_stable, 3 seeds.
+
+Claim (spec §5.4-§5.5). On TinyTOFU (fictitious authors, a 0.4M-parameter Llama, a retrain-from-scratch oracle) the
+benchmark separates working unlearning methods from gradient-ascent collapse: SimNPO, StableUN and PDU pass Tier 1
+("stable unlearning": forget accuracy near chance at retained utility, no collateral damage, no over-forgetting) on
+every seed, GA trips the collapse signature on every seed, and no method is indistinguishable from the oracle
+(Tier 2: the knowledge is suppressed, not removed — truth ratios, membership AUC and a relearning attack tell).
+
+Design.
+* Data, models (spec §5.1-§5.2, `hf_stable.testing.tinytofu`): per seed `make_tinytofu(seed)` (220 authors: 20
+  forget, 180 retain, 20 holdout; 40 world facts), the target model `train_tinytofu(data, "full")` (SFT on forget +
+  retain + world) and the oracle `train_tinytofu(data, "oracle")` (retain + world, another init), both cached under
+  `~/.cache/hf_stable/tinytofu/<seed>/`.
+* HP₀ = mean answer probability (`exp(−mean NLL)` of value + EOS) of the holdout questions under the *starting* (full)
+  model, once per seed; every over-forgetting value OF = log10(FP/HP₀) uses it (passed as `start_holdout_prob`).
+* Unlearning: `UnlearningTrainer` from a fresh copy of the full model; forget batch 16 + retain batch 16 per step
+  (anchor = forget), AdamW (`adamw_torch`), constant LR, grad-clip 1.0, the collapse guard off (the benchmark reports
+  the collapse signature itself), seed = the run seed. Presets (spec §5.4, not tuned here; NLL retain term with
+  weight 1 except GA and SGA — DMM gets it on top of its KL matching on forget + retain batches):
+  GA, GradDiff lr 5e-4 × 100 steps; NPO β 0.1, lr 5e-4 × 200; SimNPO β 2.5, m 0, w_f 1, lr 1e-3 × 400; StableUN
+  (SimNPO base, β 2.5, w_f 1, ρ 0.05, probe points sam+clean, projection on) lr 1e-3 × 300; DMM-oracle (OM,
+  `dmm_target="oracle_model"`) lr 5e-4 × 400; DMM-prior (`dmm_target="prior"`) lr 1e-3 × 400; PDU (flattening, ε
+  0.02, η 2, λ₀ 20, 20 warm-up steps, per-step dual updates) lr 1e-3 × 200; SGA r −1, K 4 (3 random retain "normal"
+  examples per forget example), lr 5e-4 × 100; bounded GradDiff (sine LoRA r 8, α 16 on gate/up/down, base frozen;
+  ω and lr from the pilot below) × 120 steps.
+* Evaluation (spec §5.3, `hf_stable.evaluation.unlearning.evaluate_unlearning`, template-0 questions): FA, RA, WA, HA
+  (first-answer-token accuracy), FP (forget answer probability), OF, truth ratio (median), FQ_holdout / FQ_oracle
+  (KS p-values of the forget truth ratios vs the model's holdout ones / the oracle's forget ones), MIA (min-k 20 %
+  AUC, forget vs holdout) and the relearning attack (a copy, 20 AdamW steps, lr 1e-3, batch 8 on the city + genre
+  facts of the forget authors; accuracy / probability on their award + job questions, RR_acc / RR_p); the same attack
+  on the oracle gives the reference. The full model and the oracle are evaluated the same way (reference rows).
+* Marks per seed (spec §5.5). Tier 1 (all four): T1 FA ≤ 0.15; T2 RA ≥ 0.90 × RA_full; T3 WA ≥ 0.60 × WA_full;
+  T4 OF ≥ −2. Collapse signature: RA < 0.5 × RA_full or OF < −3. Tier 2 (reported): Q1 FQ_holdout ≥ 0.05; Q2
+  FQ_oracle ≥ 0.05; Q3 |MIA − 0.5| ≤ 0.10; Q4 RR_p ≤ RR_p(oracle) + 0.10 and RR_acc ≤ RR_acc(oracle) + 0.15.
+* Seeds 0, 1, 2 (data, SFT inits, unlearning data order). Aggregates are mean ± sample std over seeds; the criteria
+  count seeds.
+
+Pass criteria (pre-registered, the issue's acceptance; printed PASS/FAIL as measured):
+  (a) Tier 1 holds on every seed for SimNPO, PDU and StableUN (each of the three);
+  (b) GA trips the collapse signature on every seed;
+  (c) Tier 2 (Q1-Q4) and the relearning numbers next to the oracle's are reported for every method and seed
+      (a reporting criterion: it passes when every value was measured; the Tier-2 outcomes are what they are).
+
+Pilot (bounded GradDiff only; seed 100, not reported; rule fixed before the pilot ran). The spec gives lr 5e-3 × 120
+steps and leaves ω open ({50, 100, 200, 400}). Grid: ω ∈ {50, 100, 200} × lr ∈ {5e-3, 1e-3}, 120 steps, seed 100.
+Rule: keep the (ω, lr) with the most Tier-1 checks (T1-T4) holding; ties: lr 5e-3 (the spec's) first, then the larger
+RA/RA_full, then the smaller ω. Outcome (details in `PILOT` and the Markdown): ω = 50, lr 5e-3 kept (2 of 4 checks,
+tied with ω = 200 at lr 5e-3, larger RA/RA_full); no configuration passed Tier 1 on seed 100 — lr 5e-3 forgets but
+loses half the retain accuracy and most world facts, lr 1e-3 does not forget. The other presets are the spec's and
+were not piloted; a run of every method on seed 100 only checked that the script runs (nothing was changed after it
+or after seeing seeds 0-2).
+One change after the first seed 0-2 run, which changed no metric: PDU's seed-2 forget accuracy was exactly 12/80 =
+0.15, stored as fp32 0.15000000596 and failed T1 (≤ 0.15); threshold comparisons now allow `EPS` = 1e-6.
+
+Command (seeds 0-2, all methods; SFT cached: about 10 minutes on one core of a shared 2-core machine):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py
+    OMP_NUM_THREADS=1 .venv/bin/python -m experiments.tinytofu          # the same, as a module
+Pilot: `... experiments/tinytofu.py --seeds 100 --methods bounded_graddiff --bounded_omega 50 --bounded_lr 5e-3
+--output_dir /tmp/pilot`.
+Quick run (the CI smoke of spec §5.6, < 90 s cold: `make_tinytofu(seed, reduced=True)` — 60 retain authors, 20 world
+facts —, SFT with at most one extension, seed 0 only, GA + GradDiff + SimNPO with the same presets):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py --quick --output_dir /tmp/tinytofu_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+
+NAME = "tinytofu"
+ROOT = Path(__file__).resolve().parent
+
+# Tier-1 / collapse / Tier-2 thresholds (spec §5.5)
+FA_MAX, RA_RATIO, WA_RATIO, OF_MIN = 0.15, 0.90, 0.60, -2.0
+COLLAPSE_RA_RATIO, COLLAPSE_OF = 0.5, -3.0
+# Accuracies are fp32 ratios of counts (12/80 is stored as 0.15000000596); thresholds are compared with this slack so
+# that a count exactly on a bound counts as meeting it.
+EPS = 1e-6
+FQ_MIN, MIA_TOL, RR_P_MARGIN, RR_ACC_MARGIN = 0.05, 0.10, 0.10, 0.15
+
+# Bounded GradDiff: the pilot's choice (seed 100; see the module docstring and PILOT).
+BOUNDED_OMEGA, BOUNDED_LR, BOUNDED_STEPS = 50.0, 5e-3, 120
+
+COMMON = dict(
+    use_cpu=True,
+    report_to="none",
+    save_strategy="no",
+    optim="adamw_torch",
+    lr_scheduler_type="constant",
+    max_grad_norm=1.0,
+    per_device_train_batch_size=16,
+    weight_decay=0.0,
+    warmup_steps=0,
+    collapse_guard=False,
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+)
+
+
+def presets(bounded_omega: float = BOUNDED_OMEGA, bounded_lr: float = BOUNDED_LR) -> dict[str, dict]:
+    """The per-method `UnlearningConfig` fields (spec §5.4); `retain_weight` 1 with an NLL retain term unless noted."""
+    nll = dict(retain_loss_type="nll", retain_weight=1.0)
+    return {
+        "ga": dict(unlearn_method="ga", retain_loss_type="none", learning_rate=5e-4, max_steps=100),
+        "graddiff": dict(unlearn_method="graddiff", forget_weight=1.0, **nll, learning_rate=5e-4, max_steps=100),
+        "npo": dict(unlearn_method="npo", npo_beta=0.1, forget_weight=1.0, **nll, learning_rate=5e-4, max_steps=200),
+        "simnpo": dict(
+            unlearn_method="simnpo",
+            simnpo_beta=2.5,
+            simnpo_margin=0.0,
+            forget_weight=1.0,
+            **nll,
+            learning_rate=1e-3,
+            max_steps=400,
+        ),
+        "stableun": dict(
+            unlearn_method="stableun",
+            stableun_base_loss="simnpo",
+            simnpo_beta=2.5,
+            simnpo_margin=0.0,
+            stableun_rho=0.05,
+            stableun_points="sam+clean",
+            stableun_project=True,
+            forget_weight=1.0,
+            **nll,
+            learning_rate=1e-3,
+            max_steps=300,
+        ),
+        "dmm_oracle": dict(
+            unlearn_method="dmm",
+            dmm_target="oracle_model",
+            forget_weight=1.0,
+            **nll,
+            learning_rate=5e-4,
+            max_steps=400,
+        ),
+        "dmm_prior": dict(
+            unlearn_method="dmm", dmm_target="prior", forget_weight=1.0, **nll, learning_rate=1e-3, max_steps=400
+        ),
+        "pdu": dict(
+            unlearn_method="pdu",
+            pdu_forget_loss="flatten",
+            pdu_eps=0.02,
+            pdu_dual_lr=2.0,
+            pdu_lambda0=20.0,
+            pdu_warmup_steps=20,
+            pdu_dual_update="step",
+            forget_weight=1.0,
+            **nll,
+            learning_rate=1e-3,
+            max_steps=200,
+        ),
+        "sga": dict(
+            unlearn_method="sga",
+            sga_rate=-1.0,
+            sga_num_normal=3,
+            sga_normal_source="retain_random",
+            retain_loss_type="none",
+            learning_rate=5e-4,
+            max_steps=100,
+        ),
+        "bounded_graddiff": dict(
+            unlearn_method="graddiff",
+            bounded_lora=True,
+            bounded_omega=bounded_omega,
+            bounded_lora_r=8,
+            bounded_lora_alpha=16.0,
+            forget_weight=1.0,
+            **nll,
+            learning_rate=bounded_lr,
+            max_steps=BOUNDED_STEPS,
+        ),
+    }
+
+
+METHODS = tuple(presets())
+QUICK_METHODS = ("ga", "graddiff", "simnpo")
+TIER1_REQUIRED = ("simnpo", "pdu", "stableun")  # criterion (a)
+LABELS = {
+    "full": "full (start)",
+    "oracle": "oracle (retrain)",
+    "ga": "GA",
+    "graddiff": "GradDiff",
+    "npo": "NPO",
+    "simnpo": "SimNPO",
+    "stableun": "StableUN",
+    "dmm_oracle": "DMM-oracle (OM)",
+    "dmm_prior": "DMM-prior",
+    "pdu": "PDU",
+    "sga": "SGA r=-1",
+    "bounded_graddiff": "bounded GradDiff (sine)",
+}
+COLORS = {
+    "ga": "tab:red",
+    "graddiff": "tab:orange",
+    "npo": "tab:olive",
+    "simnpo": "tab:blue",
+    "stableun": "tab:cyan",
+    "dmm_oracle": "tab:purple",
+    "dmm_prior": "tab:pink",
+    "pdu": "tab:green",
+    "sga": "tab:brown",
+    "bounded_graddiff": "tab:gray",
+    "full": "black",
+    "oracle": "gold",
+}
+SEED_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+# Pilot on seed 100 (bounded GradDiff, 120 steps), run and recorded before the seed 0-2 run.
+PILOT: dict = {
+    "seed": 100,
+    "steps": BOUNDED_STEPS,
+    "rule": "most Tier-1 checks (T1-T4) holding; ties: lr 5e-3 (the spec's), then the larger RA/RA_full, then the "
+    "smaller ω",
+    "grid": [
+        {
+            "omega": 50,
+            "lr": 5e-3,
+            "forget_acc": 0.0375,
+            "ra_ratio": 0.4739,
+            "wa_ratio": 0.0250,
+            "over_forgetting": -0.264,
+            "tier1_checks": 2,
+            "collapse": True,
+        },
+        {
+            "omega": 50,
+            "lr": 1e-3,
+            "forget_acc": 0.4750,
+            "ra_ratio": 0.7518,
+            "wa_ratio": 0.4250,
+            "over_forgetting": 0.826,
+            "tier1_checks": 1,
+            "collapse": False,
+        },
+        {
+            "omega": 100,
+            "lr": 5e-3,
+            "forget_acc": 0.0625,
+            "ra_ratio": 0.4161,
+            "wa_ratio": 0.3000,
+            "over_forgetting": -6.014,
+            "tier1_checks": 1,
+            "collapse": True,
+        },
+        {
+            "omega": 100,
+            "lr": 1e-3,
+            "forget_acc": 0.4375,
+            "ra_ratio": 0.7165,
+            "wa_ratio": 0.2500,
+            "over_forgetting": 0.781,
+            "tier1_checks": 1,
+            "collapse": False,
+        },
+        {
+            "omega": 200,
+            "lr": 5e-3,
+            "forget_acc": 0.0250,
+            "ra_ratio": 0.4612,
+            "wa_ratio": 0.1750,
+            "over_forgetting": -0.433,
+            "tier1_checks": 2,
+            "collapse": True,
+        },
+        {
+            "omega": 200,
+            "lr": 1e-3,
+            "forget_acc": 0.2125,
+            "ra_ratio": 0.6460,
+            "wa_ratio": 0.3250,
+            "over_forgetting": 0.472,
+            "tier1_checks": 1,
+            "collapse": False,
+        },
+    ],
+    "decision": "Kept ω = 50, lr 5e-3 (2 Tier-1 checks, tied with ω = 200 at lr 5e-3; larger RA/RA_full 0.47 vs "
+    "0.46). No configuration passed Tier 1 on the pilot seed: at lr 5e-3 every ω forgets (FA ≤ 0.06) but collapses "
+    "retain (RA/RA_full ≈ 0.42-0.47) and world facts; at lr 1e-3 none forgets (FA 0.21-0.48). Nothing else was "
+    "changed in response.",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# one seed
+
+
+def load_seed(seed: int, quick: bool):
+    from hf_stable.testing.tinytofu import make_tinytofu, train_tinytofu
+
+    data = make_tinytofu(seed, reduced=quick)
+    sft = dict(max_extensions=1) if quick else {}
+    start = time.time()
+    full, full_info = train_tinytofu(data, "full", **sft)
+    oracle, oracle_info = train_tinytofu(data, "oracle", **sft)
+    info = {
+        name: {key: i[key] for key in ("accuracy", "accepted", "epochs", "steps", "train_seconds", "cached")}
+        for name, i in (("full", full_info), ("oracle", oracle_info))
+    }
+    info["seconds"] = time.time() - start
+    info["sizes"] = data.sizes
+    info["fingerprint"] = data.fingerprint()
+    return data, full, oracle, info
+
+
+def evaluate(model, data, oracle, hp0: float, oracle_relearn: dict | None = None) -> dict:
+    """All §5.3 metrics of ``model``; the oracle's relearning numbers are computed once per seed and reused."""
+    from hf_stable.evaluation.unlearning import evaluate_unlearning, relearn_attack
+
+    report = evaluate_unlearning(
+        model,
+        data.tokenizer,
+        forget=data.forget_eval,
+        retain=data.retain_eval,
+        holdout=data.holdout_eval,
+        world=data.world_eval,
+        oracle=oracle,
+        start_holdout_prob=hp0,
+        print_table=False,
+    )
+    attack = relearn_attack(model, data.tokenizer, data.relearn, data.relearn_eval)  # 20 steps, lr 1e-3, batch 8
+    report["relearn_acc"], report["relearn_prob"] = attack["acc"], attack["prob"]
+    if oracle_relearn is None:
+        oracle_relearn = relearn_attack(oracle, data.tokenizer, data.relearn, data.relearn_eval)
+    report["oracle_relearn_acc"], report["oracle_relearn_prob"] = oracle_relearn["acc"], oracle_relearn["prob"]
+    return report
+
+
+def marks(m: dict, ref: dict) -> dict:
+    """Tier 1, the collapse signature and Tier 2 of one evaluated model; ``ref`` holds RA_full and WA_full."""
+    ra_ratio = m["retain_acc"] / ref["retain_acc"]
+    wa_ratio = m["world_acc"] / ref["world_acc"]
+    t1 = {
+        "T1": m["forget_acc"] <= FA_MAX + EPS,
+        "T2": ra_ratio >= RA_RATIO - EPS,
+        "T3": wa_ratio >= WA_RATIO - EPS,
+        "T4": m["over_forgetting"] >= OF_MIN,
+    }
+    t2 = {
+        "Q1": m["fq_holdout"] >= FQ_MIN,
+        "Q2": m["fq_oracle"] >= FQ_MIN,
+        "Q3": abs(m["mia_auc"] - 0.5) <= MIA_TOL,
+        "Q4": m["relearn_prob"] <= m["oracle_relearn_prob"] + RR_P_MARGIN
+        and m["relearn_acc"] <= m["oracle_relearn_acc"] + RR_ACC_MARGIN,
+    }
+    return {
+        "ra_ratio": ra_ratio,
+        "wa_ratio": wa_ratio,
+        "tier1": {**t1, "passed": all(t1.values())},
+        "collapse": ra_ratio < COLLAPSE_RA_RATIO or m["over_forgetting"] < COLLAPSE_OF,
+        "tier2": {**t2, "passed": all(t2.values())},
+    }
+
+
+def unlearn(method: str, preset: dict, seed: int, data, full, oracle):
+    """A fresh copy of the full model unlearned with ``preset``; returns (model, run info)."""
+    from transformers import PrinterCallback
+
+    from hf_stable import UnlearningConfig, UnlearningTrainer
+
+    model = copy.deepcopy(full).train()
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = UnlearningConfig(
+            output_dir=tmp, seed=seed, logging_steps=max(1, preset["max_steps"] // 4), **COMMON, **preset
+        )
+        trainer = UnlearningTrainer(
+            model=model,
+            args=args,
+            forget_dataset=data.forget,
+            retain_dataset=data.retain,
+            processing_class=data.tokenizer,
+            holdout_dataset=data.holdout_eval,
+            oracle_model=oracle,
+        )
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+    info = {
+        "steps": trainer.state.global_step,
+        "train_seconds": time.time() - start,
+        "log": [
+            {k: (round(v, 6) if isinstance(v, float) else v) for k, v in h.items()}
+            for h in trainer.state.log_history
+            if "loss" in h
+        ],
+    }
+    if preset["unlearn_method"] == "pdu":
+        info["final_lambda"] = trainer.dual_variable
+    trained = trainer.model.eval()
+    del trainer
+    return trained, info
+
+
+def run_seed(seed: int, methods: list[str], quick: bool, table: dict) -> dict:
+    from hf_stable.evaluation.unlearning import relearn_attack
+    from hf_stable.testing.tinytofu import answer_prob
+
+    data, full, oracle, sft = load_seed(seed, quick)
+    print(
+        f"[seed {seed}] SFT ({'cached' if sft['full']['cached'] and sft['oracle']['cached'] else 'trained'}, "
+        f"{sft['seconds']:.0f}s): full {sft['full']['accuracy']}  oracle {sft['oracle']['accuracy']}",
+        flush=True,
+    )
+    hp0 = answer_prob(full, data.tokenizer, data.holdout_eval).mean().item()
+    oracle_relearn = relearn_attack(oracle, data.tokenizer, data.relearn, data.relearn_eval)
+    start = time.time()
+    reference = {"full": evaluate(full, data, oracle, hp0, oracle_relearn)}
+    reference["oracle"] = evaluate(oracle, data, oracle, hp0, oracle_relearn)
+    # HP₀ from answer_prob equals the full model's holdout_prob of evaluate_unlearning (a consistency check)
+    assert math.isclose(hp0, reference["full"]["holdout_prob"], rel_tol=1e-4), (hp0, reference["full"])
+    ref_acc = reference["full"]
+    out = {
+        "sft": sft,
+        "hp0": hp0,
+        "reference": {
+            name: {"metrics": r, **marks(r, ref_acc), "eval_seconds": (time.time() - start) / 2}
+            for name, r in reference.items()
+        },
+        "methods": {},
+    }
+    for method in methods:
+        model, info = unlearn(method, table[method], seed, data, full, oracle)
+        t = time.time()
+        metrics = evaluate(model, data, oracle, hp0, oracle_relearn)
+        result = {"metrics": metrics, **marks(metrics, ref_acc), **info, "eval_seconds": time.time() - t}
+        out["methods"][method] = result
+        t1 = "".join("✓" if result["tier1"][k] else "✗" for k in ("T1", "T2", "T3", "T4"))
+        t2 = "".join("✓" if result["tier2"][k] else "✗" for k in ("Q1", "Q2", "Q3", "Q4"))
+        print(
+            f"[seed {seed}] {method:>16}: FA {metrics['forget_acc']:.3f}  RA/RA0 {result['ra_ratio']:.3f}  "
+            f"WA/WA0 {result['wa_ratio']:.3f}  OF {metrics['over_forgetting']:+.2f}  T1 {t1}  "
+            f"collapse {'YES' if result['collapse'] else 'no'}  T2 {t2}  RR_p {metrics['relearn_prob']:.2f} "
+            f"(oracle {metrics['oracle_relearn_prob']:.2f})  ({info['steps']} steps, {info['train_seconds']:.1f}s "
+            f"+ eval {result['eval_seconds']:.1f}s)",
+            flush=True,
+        )
+        del model
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# aggregation, criteria
+
+
+KEYS = (
+    "forget_acc",
+    "retain_acc",
+    "world_acc",
+    "holdout_acc",
+    "forget_prob",
+    "over_forgetting",
+    "forget_truth_ratio_median",
+    "fq_holdout",
+    "fq_oracle",
+    "mia_auc",
+    "relearn_acc",
+    "relearn_prob",
+    "oracle_relearn_acc",
+    "oracle_relearn_prob",
+)
+
+
+def mean_std(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
+
+
+def rows_of(per_seed: dict) -> dict[str, list[dict]]:
+    """``{row: [per-seed result]}`` for the reference rows and every method, in table order."""
+    seeds = list(per_seed)
+    rows = {name: [per_seed[s]["reference"][name] for s in seeds] for name in ("full", "oracle")}
+    for method in per_seed[seeds[0]]["methods"]:
+        rows[method] = [per_seed[s]["methods"][method] for s in seeds]
+    return rows
+
+
+def aggregate(per_seed: dict) -> dict:
+    out = {}
+    for name, results in rows_of(per_seed).items():
+        entry = {k: mean_std([r["metrics"][k] for r in results]) for k in KEYS}
+        entry["ra_ratio"] = mean_std([r["ra_ratio"] for r in results])
+        entry["wa_ratio"] = mean_std([r["wa_ratio"] for r in results])
+        entry["tier1_seeds"] = sum(r["tier1"]["passed"] for r in results)
+        entry["tier2_seeds"] = sum(r["tier2"]["passed"] for r in results)
+        entry["collapse_seeds"] = sum(r["collapse"] for r in results)
+        entry["tier1_checks_seeds"] = {k: sum(r["tier1"][k] for r in results) for k in ("T1", "T2", "T3", "T4")}
+        entry["tier2_checks_seeds"] = {k: sum(r["tier2"][k] for r in results) for k in ("Q1", "Q2", "Q3", "Q4")}
+        if "train_seconds" in results[0]:
+            entry["train_seconds"] = mean_std([r["train_seconds"] for r in results])
+        out[name] = entry
+    out["hp0"] = mean_std([per_seed[s]["hp0"] for s in per_seed])
+    return out
+
+
+def criteria(per_seed: dict) -> dict:
+    rows, n = rows_of(per_seed), len(per_seed)
+    methods = [m for m in rows if m not in ("full", "oracle")]
+    required = [m for m in TIER1_REQUIRED if m in rows]
+    t1 = {m: sum(r["tier1"]["passed"] for r in rows[m]) for m in required}
+    all_hold = [all(per_seed[s]["methods"][m]["tier1"]["passed"] for m in required) for s in per_seed]
+    checks = {
+        "a": {
+            "description": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
+            "for SimNPO, PDU and StableUN",
+            "values": {m: f"{t1[m]}/{n}" for m in required},
+            "passed": bool(required) and all(t1[m] == n for m in required),
+            "seeds_holding": f"{sum(all_hold)}/{n}",
+            "not_run": [m for m in TIER1_REQUIRED if m not in rows],
+        }
+    }
+    if "ga" in rows:
+        ga = [r["collapse"] for r in rows["ga"]]
+        checks["b"] = {
+            "description": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
+            "seed",
+            "values": {
+                "ra_ratio": [round(r["ra_ratio"], 4) for r in rows["ga"]],
+                "over_forgetting": [round(r["metrics"]["over_forgetting"], 3) for r in rows["ga"]],
+            },
+            "passed": all(ga),
+            "seeds_holding": f"{sum(ga)}/{n}",
+        }
+    measured = {
+        m: all(
+            all(math.isfinite(r["metrics"][k]) for k in KEYS)
+            and all(k in r["tier2"] for k in ("Q1", "Q2", "Q3", "Q4"))
+            for r in rows[m]
+        )
+        for m in methods
+    }
+    checks["c"] = {
+        "description": "Tier 2 (Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 RR_p ≤ "
+        "RR_p(oracle) + 0.10 and RR_acc ≤ RR_acc(oracle) + 0.15) and the relearning numbers next to the oracle's are "
+        "reported for every method and seed (reporting criterion; the Tier-2 outcomes are in `values`)",
+        "values": {
+            m: {
+                "tier2_seeds": f"{sum(r['tier2']['passed'] for r in rows[m])}/{n}",
+                **{q: f"{sum(r['tier2'][q] for r in rows[m])}/{n}" for q in ("Q1", "Q2", "Q3", "Q4")},
+                "relearn_prob": [round(r["metrics"]["relearn_prob"], 4) for r in rows[m]],
+                "oracle_relearn_prob": [round(r["metrics"]["oracle_relearn_prob"], 4) for r in rows[m]],
+                "relearn_acc": [round(r["metrics"]["relearn_acc"], 4) for r in rows[m]],
+                "oracle_relearn_acc": [round(r["metrics"]["oracle_relearn_acc"], 4) for r in rows[m]],
+            }
+            for m in methods
+        },
+        "passed": bool(methods) and all(measured.values()),
+        "seeds_holding": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
+    }
+    return checks
+
+
+def diagnostics(per_seed: dict) -> dict:
+    """Observations the spec makes (§5.4) that are not acceptance criteria."""
+    rows, n = rows_of(per_seed), len(per_seed)
+    out = {}
+    if "simnpo" in rows and "stableun" in rows:
+        lower = [
+            st["metrics"]["relearn_prob"] < si["metrics"]["relearn_prob"]
+            for st, si in zip(rows["stableun"], rows["simnpo"], strict=True)
+        ]
+        out["stableun_relearn_below_simnpo"] = {
+            "description": "StableUN's relearning recovery RR_p is lower than SimNPO's (spec §5.4: a small effect)",
+            "seeds_holding": f"{sum(lower)}/{n}",
+        }
+    no_tier2 = [m for m in rows if m not in ("full", "oracle") and not any(r["tier2"]["passed"] for r in rows[m])]
+    out["no_method_reaches_tier2"] = {
+        "description": "methods with Tier 2 on no seed (spec §5.4: suppression ≠ removal)",
+        "methods": no_tier2,
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# outputs
+
+
+def fnum(v: float, digits: int = 2) -> str:
+    """Compact number: small values (p-values) in `3e-43` style, the rest with ``digits`` decimals."""
+    if v == 0:
+        return "0"
+    if abs(v) < 0.01:
+        return f"{v:.0e}"
+    return f"{v:.{digits}f}"
+
+
+def fof(v: float) -> str:
+    return f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def plot(per_seed: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rows_of(per_seed)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6.2))
+    ax = axes[0]
+    ax.axvspan(RA_RATIO, 1.1, ymin=0, ymax=1, color="tab:green", alpha=0.05)
+    ax.axvline(RA_RATIO, color="tab:green", linestyle=":", linewidth=1, label=f"RA/RA_full = {RA_RATIO}")
+    ax.axhline(1 - FA_MAX, color="tab:green", linestyle="--", linewidth=1, label=f"1 − FA = {1 - FA_MAX:.2f}")
+    ax.axvline(COLLAPSE_RA_RATIO, color="tab:red", linestyle=":", linewidth=1, label="collapse: RA/RA_full = 0.5")
+    for name, results in rows.items():
+        for i, r in enumerate(results):
+            ax.scatter(
+                r["ra_ratio"],
+                1 - r["metrics"]["forget_acc"],
+                color=COLORS[name],
+                marker=SEED_MARKERS[i % len(SEED_MARKERS)],
+                s=70 if name in ("full", "oracle") else 50,
+                edgecolors="black" if r["tier1"]["passed"] else "none",
+                linewidths=1.2,
+                label=LABELS[name] if i == 0 else None,
+                alpha=0.9,
+            )
+    seeds = list(per_seed)
+    ax.set(
+        xlabel="retain utility RA / RA_full",
+        ylabel="forget efficacy 1 − FA",
+        title=f"Forget efficacy vs retain utility (markers: seeds {', '.join(seeds)} = "
+        + ", ".join(SEED_MARKERS[: len(seeds)])
+        + "; black edge = Tier 1)",
+        xlim=(-0.03, 1.08),
+        ylim=(-0.03, 1.05),
+    )
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    ax = axes[1]
+    names = list(rows)
+    for x, name in enumerate(names):
+        for i, r in enumerate(rows[name]):
+            ax.scatter(
+                x + (i - 1) * 0.12,
+                r["metrics"]["relearn_prob"],
+                color=COLORS[name],
+                marker=SEED_MARKERS[i % len(SEED_MARKERS)],
+                s=45,
+            )
+    oracle_rr = [per_seed[s]["reference"]["oracle"]["metrics"]["relearn_prob"] for s in per_seed]
+    ax.axhspan(min(oracle_rr), max(oracle_rr), color="gold", alpha=0.3, label="oracle RR_p (range over seeds)")
+    ax.axhline(max(oracle_rr) + RR_P_MARGIN, color="gray", linestyle="--", label="oracle + 0.10 (Q4 bound, max seed)")
+    ax.set_xticks(range(len(names)), [LABELS[n] for n in names], rotation=40, ha="right", fontsize=8)
+    ax.set(ylabel="RR_p: answer prob. after the 20-step relearning attack", title="Relearning attack (Tier 2, Q4)")
+    ax.legend(fontsize=8)
+    fig.suptitle("TinyTOFU: unlearning methods on a 0.4M Llama (spec unlearning.md §5)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: dict) -> str:
+    per_seed, checks, cfg = result["per_seed"], result["criteria"], result["config"]
+    rows, seeds = rows_of(per_seed), list(per_seed)
+
+    def cells(results, get) -> str:
+        return "/".join(get(r) for r in results)
+
+    def t2mark(r) -> str:
+        return "".join("✓" if r["tier2"][q] else "✗" for q in ("Q1", "Q2", "Q3", "Q4"))
+
+    hp0 = " / ".join(f"{per_seed[s]['hp0']:.3f}" for s in seeds)
+    lines = [
+        "# TinyTOFU benchmark",
+        "",
+        f"Seeds {', '.join(seeds)}{' (quick: reduced data)' if cfg['quick'] else ''}. Cells are "
+        f"`{'/'.join('seed' + s for s in seeds)}`. RA₀, WA₀ = the full model's accuracies; OF = log10(FP/HP₀) with "
+        f"HP₀ = {hp0}. Tier 1 = T1 FA ≤ 0.15, T2 RA ≥ 0.90 RA₀, T3 WA ≥ 0.60 WA₀, T4 OF ≥ −2 (spec §5.5). Tier 2 "
+        "marks are `Q1Q2Q3Q4` per seed (Q1 FQ_hold ≥ 0.05, Q2 FQ_orc ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 RR_p ≤ "
+        "oracle + 0.10 and RR_acc ≤ oracle + 0.15). Collapse = RA < 0.5 RA₀ or OF < −3.",
+        "",
+        "| method | FA | RA/RA₀ | WA/WA₀ | OF | Tier 1 | collapse | FQ_hold | FQ_orc | MIA | TR median | RR_acc | "
+        "RR_p | Tier 2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    columns = (
+        lambda r: f"{r['metrics']['forget_acc']:.2f}",
+        lambda r: f"{r['ra_ratio']:.2f}",
+        lambda r: f"{r['wa_ratio']:.2f}",
+        lambda r: fof(r["metrics"]["over_forgetting"]),
+        lambda r: "✓" if r["tier1"]["passed"] else "✗",
+        lambda r: "yes" if r["collapse"] else "no",
+        lambda r: fnum(r["metrics"]["fq_holdout"]),
+        lambda r: fnum(r["metrics"]["fq_oracle"]),
+        lambda r: f"{r['metrics']['mia_auc']:.2f}",
+        lambda r: fnum(r["metrics"]["forget_truth_ratio_median"]),
+        lambda r: f"{r['metrics']['relearn_acc']:.2f}",
+        lambda r: fnum(r["metrics"]["relearn_prob"]),
+        t2mark,
+    )
+    for name, results in rows.items():
+        lines.append(f"| {LABELS[name]} | " + " | ".join(cells(results, get) for get in columns) + " |")
+
+    def metric(key: str, digits: int = 3):
+        return lambda r: f"{r['metrics'][key]:.{digits}f}"
+
+    full, oracle = rows["full"], rows["oracle"]
+    lines += [
+        "",
+        f"Full model (RA₀ / WA₀ / FA): {cells(full, metric('retain_acc'))} / {cells(full, metric('world_acc'))} / "
+        f"{cells(full, metric('forget_acc'))}; oracle FA {cells(oracle, metric('forget_acc'))}, oracle relearning "
+        f"RR_acc / RR_p {cells(oracle, metric('relearn_acc', 2))} / {cells(oracle, metric('relearn_prob', 2))}.",
+        "",
+        "Tier-1 checks holding (seeds), Tier 2 per check (seeds), unlearning wall time (mean s per run):",
+        "",
+        "| method | T1 FA | T2 RA | T3 WA | T4 OF | Tier 1 | Q1 | Q2 | Q3 | Q4 | Tier 2 | collapse | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    agg, n = result["aggregated"], len(seeds)
+    for name in rows:
+        a = agg[name]
+        secs = f"{a['train_seconds']['mean']:.1f}" if "train_seconds" in a else "–"
+        lines.append(
+            f"| {LABELS[name]} | "
+            + " | ".join(f"{a['tier1_checks_seeds'][k]}/{n}" for k in ("T1", "T2", "T3", "T4"))
+            + f" | {a['tier1_seeds']}/{n} | "
+            + " | ".join(f"{a['tier2_checks_seeds'][k]}/{n}" for k in ("Q1", "Q2", "Q3", "Q4"))
+            + f" | {a['tier2_seeds']}/{n} | {a['collapse_seeds']}/{n} | {secs} |"
+        )
+    lines += ["", "## Criteria", "", "| criterion | values | result | seeds where it holds |", "|---|---|---|---|"]
+    for key, check in checks.items():
+        values = check["values"]
+        if key == "c":
+            values = {m: v["tier2_seeds"] for m, v in values.items()}
+        text = json.dumps(values, ensure_ascii=False).replace("|", "\\|")
+        not_run = f" (not run: {', '.join(check['not_run'])})" if check.get("not_run") else ""
+        description = check["description"].replace("|", "\\|")
+        lines.append(
+            f"| ({key}) {description}{not_run} | `{text}` | "
+            f"{'PASS' if check['passed'] else 'FAIL'} | {check['seeds_holding']} |"
+        )
+    lines += ["", f"Overall: {'PASS' if result['passed'] else 'FAIL'}.", ""]
+    diag = result["diagnostics"]
+    if diag:
+        lines += ["Diagnostics (not criteria):", ""]
+        for value in diag.values():
+            detail = value.get("seeds_holding") or ", ".join(LABELS[m] for m in value["methods"]) or "none"
+            lines.append(f"* {value['description']}: {detail}.")
+        lines.append("")
+    lines += ["## Presets", "", "| method | settings |", "|---|---|"]
+    for name, preset in cfg["presets"].items():
+        text = ", ".join(f"{k}={v}" for k, v in preset.items())
+        lines.append(f"| {LABELS[name]} | {text} |")
+    lines += [
+        "",
+        "Common: " + ", ".join(f"{k}={v}" for k, v in cfg["common"].items()) + ".",
+        "",
+        "## Pilot (bounded GradDiff, seed 100, not reported)",
+        "",
+    ]
+    if cfg["pilot"]:
+        lines += ["| ω | lr | FA | RA/RA₀ | WA/WA₀ | OF | Tier-1 checks |", "|---|---|---|---|---|---|---|"]
+        for row in cfg["pilot"]["grid"]:
+            lines.append(
+                f"| {row['omega']:g} | {row['lr']:g} | {row['forget_acc']:.2f} | {row['ra_ratio']:.2f} | "
+                f"{row['wa_ratio']:.2f} | {row['over_forgetting']:.1f} | {row['tier1_checks']}/4 |"
+            )
+        lines += ["", cfg["pilot"]["decision"], ""]
+    else:
+        lines += ["No pilot recorded.", ""]
+    lines += [
+        "## Rerun",
+        "",
+        f"    {result['command']}",
+        "",
+        f"Wall time of this run: {result['wall_seconds']:.0f} s (SFT checkpoints cached at the start: "
+        f"{result['sft_cached']}); torch threads {cfg['torch_threads']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def quiet() -> None:
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    logging.getLogger("hf_stable").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def sft_cached(seeds: list[int], quick: bool) -> bool:
+    from hf_stable.testing.tinytofu import default_cache_dir
+
+    if quick:
+        return False  # reduced checkpoints live in hashed folders; not worth resolving here
+    return all((default_cache_dir() / str(s) / w / "done.json").exists() for s in seeds for w in ("full", "oracle"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", default=str(ROOT / "results"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None, help="default: all (quick: 3)")
+    parser.add_argument("--bounded_omega", type=float, default=BOUNDED_OMEGA, help="pilot only")
+    parser.add_argument("--bounded_lr", type=float, default=BOUNDED_LR, help="pilot only")
+    parser.add_argument("--quick", action="store_true", help="reduced data, one seed, GA/GradDiff/SimNPO (< 90 s)")
+    cli = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    quiet()
+    methods = cli.methods or list(QUICK_METHODS if cli.quick else METHODS)
+    seeds = cli.seeds[:1] if cli.quick else cli.seeds
+    table = presets(cli.bounded_omega, cli.bounded_lr)
+    start = time.time()
+    cached = sft_cached(seeds, cli.quick)
+    per_seed = {str(seed): run_seed(seed, methods, cli.quick, table) for seed in seeds}
+    checks = criteria(per_seed)
+    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
+    if cli.seeds != [0, 1, 2]:
+        command += " --seeds " + " ".join(map(str, seeds))
+    if cli.methods:
+        command += " --methods " + " ".join(methods)
+    if cli.bounded_omega != BOUNDED_OMEGA or cli.bounded_lr != BOUNDED_LR:
+        command += f" --bounded_omega {cli.bounded_omega:g} --bounded_lr {cli.bounded_lr:g}"
+    result = {
+        "experiment": "TinyTOFU unlearning benchmark (spec unlearning.md §5)",
+        "config": {
+            "seeds": seeds,
+            "methods": methods,
+            "quick": cli.quick,
+            "reduced_data": cli.quick,
+            "sft_max_extensions": 1 if cli.quick else 3,
+            "presets": {m: table[m] for m in methods},
+            "common": COMMON,
+            "thresholds": {
+                "tier1": {"fa_max": FA_MAX, "ra_ratio": RA_RATIO, "wa_ratio": WA_RATIO, "of_min": OF_MIN},
+                "collapse": {"ra_ratio": COLLAPSE_RA_RATIO, "of": COLLAPSE_OF},
+                "tier2": {
+                    "fq_min": FQ_MIN,
+                    "mia_tol": MIA_TOL,
+                    "rr_p_margin": RR_P_MARGIN,
+                    "rr_acc_margin": RR_ACC_MARGIN,
+                },
+            },
+            "relearn_attack": {"steps": 20, "lr": 1e-3, "batch_size": 8, "seed": 0},
+            "pilot": PILOT,
+            "torch_threads": torch.get_num_threads(),
+        },
+        "per_seed": per_seed,
+        "aggregated": aggregate(per_seed),
+        "criteria": checks,
+        "diagnostics": diagnostics(per_seed),
+        "passed": all(c["passed"] for c in checks.values()),
+        "wall_seconds": time.time() - start,
+        "sft_cached": cached,
+        "command": command,
+    }
+    out = Path(cli.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    plot(per_seed, out / f"{NAME}.png")
+    (out / f"{NAME}.md").write_text(markdown(result))
+    for key, check in checks.items():
+        values = check["values"] if key != "c" else {m: v["tier2_seeds"] for m, v in check["values"].items()}
+        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  values={values}")
+    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
