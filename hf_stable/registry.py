@@ -94,6 +94,7 @@ _METHOD_MODULES = (
     "hf_stable.losses.unlearning",
     "hf_stable.trainers._unlearn_methods",
     "hf_stable.rewards",
+    "hf_stable.merging.methods",
 )
 
 
