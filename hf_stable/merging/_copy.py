@@ -1,0 +1,75 @@
+"""Files that travel with merged weights: model config, generation config and tokenizer files.
+
+`config.json` and `generation_config.json` come from the reference model (the base, else the first input), as
+mergekit's `run_merge` does; the tokenizer files come from `tokenizer_source` (`base`, a model of the recipe, or a
+path), else the base, else the first input. When the output dtype is set by the recipe, `config.json`'s dtype
+field is updated so `from_pretrained(dtype="auto")` loads what was written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .config import DTYPE_NAMES, ModelRef, resolve_model_path
+
+
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+_TORCH_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def _tokenizer_folder(config, plan) -> Path:
+    source = config.tokenizer_source
+    if source is None or source == "base":
+        if source == "base" and plan.base_path is None:
+            raise ValueError("tokenizer_source: base, but the recipe has no base_model")
+        return Path(plan.base_path or plan.input_paths[0])
+    for label, path in zip(plan.inputs, plan.input_paths, strict=True):
+        if source in (label, label.split("#")[0]):
+            return Path(path)
+    if plan.base is not None and source == plan.base:
+        return Path(plan.base_path)
+    return Path(resolve_model_path(ModelRef.parse(source, "tokenizer_source")))
+
+
+def copy_side_files(config, plan, out: Path) -> list[str]:
+    """Copy config/tokenizer files into `out`; returns the copied names."""
+    ref = plan.checkpoints[plan.reference]
+    ref_folder = Path(ref.folder)
+    copied = []
+    for name in CONFIG_FILES:
+        src = ref_folder / name
+        if not src.is_file():
+            continue
+        if name == "config.json" and (config.out_dtype or config.dtype):
+            data = json.loads(src.read_text(encoding="utf-8"))
+            dtype = _TORCH_NAMES.get(DTYPE_NAMES[config.out_dtype or config.dtype])
+            for key in ("dtype", "torch_dtype"):
+                if key in data and dtype:
+                    data[key] = dtype
+            (out / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        else:
+            shutil.copyfile(src, out / name)
+        copied.append(name)
+    tok = _tokenizer_folder(config, plan)
+    if tok.is_file():
+        tok = tok.parent
+    for name in TOKENIZER_FILES:
+        if (tok / name).is_file():
+            shutil.copyfile(tok / name, out / name)
+            copied.append(name)
+    return copied

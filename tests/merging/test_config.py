@@ -1,0 +1,190 @@
+"""Merge recipes: mergekit YAML semantics (gradients, conditionals, precedence), hf_stable fields, early errors.
+
+Expected values are worked by hand from mergekit's documented behaviour (`mergekit/config.py::evaluate_setting`,
+`mergekit/plan.py::MergePlanner.plan_slice`: t = layer / (num_layers − 1)).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hf_stable.merging.config import MergeConfig, evaluate_setting, layer_index, layer_position
+
+
+MERGEKIT_TIES = """
+models:
+  - model: org/base
+    # no parameters necessary for base model
+  - model: org/expert-a@v1.0
+    parameters:
+      density: [1, 0.7, 0.1] # density gradient
+      weight: 1.0
+  - model: org/expert-b
+    parameters:
+      density: 0.5
+      weight: [0, 0.3, 0.7, 1] # weight gradient
+merge_method: ties
+base_model: org/base
+parameters:
+  normalize: true
+  int8_mask: true
+dtype: float16
+"""
+
+
+def test_mergekit_ties_example_parses():
+    cfg = MergeConfig.from_yaml(MERGEKIT_TIES)
+    assert cfg.merge_method == "ties" and cfg.dtype == "float16"
+    assert cfg.base_model.model == "org/base"
+    assert cfg.models[1].model == "org/expert-a" and cfg.models[1].revision == "v1.0"
+    # the base listed among the models is not an input of a task-vector method
+    assert [m.spec for m in cfg.input_models(uses_base=True)] == ["org/expert-a@v1.0", "org/expert-b"]
+    assert cfg.input_models(uses_base=False)[0].spec == "org/base"
+    cfg.validate()
+    inputs = cfg.input_models(uses_base=True)
+    # layer 1 of 4 → t = 1/3: density [1, .7, .1] → scaled 2/3 → 1 − (2/3)(0.3) = 0.8; weight [0, .3, .7, 1] → 0.3
+    p0 = cfg.resolve_params("model.layers.1.mlp.up_proj.weight", 0, 1, 4, models=inputs)
+    p1 = cfg.resolve_params("model.layers.1.mlp.up_proj.weight", 1, 1, 4, models=inputs)
+    assert p0["density"] == pytest.approx(0.8) and p0["weight"] == 1.0 and p0["normalize"] is True
+    assert p1["density"] == 0.5 and p1["weight"] == pytest.approx(0.3)
+    # embeddings are "pre" weights (t = 0), the final norm a "post" weight (t = 1)
+    assert cfg.resolve_params("model.embed_tokens.weight", 1, None, 4, models=inputs)["weight"] == 0
+    assert cfg.resolve_params("model.norm.weight", 1, None, 4, models=inputs)["weight"] == 1
+
+
+def test_evaluate_setting_gradients_and_conditionals():
+    assert evaluate_setting([0.0, 1.0], "x", 0.5) == pytest.approx(0.5)
+    assert evaluate_setting([1, 2, 3], "x", 0.25) == pytest.approx(1.5)
+    assert evaluate_setting([1, 2, 3], "x", 1.0) == 3
+    assert evaluate_setting(["a", "b", "c"], "x", 0.6) == "b"  # stepped: int(0.6 × 2) = 1
+    conds = [{"filter": "self_attn", "value": [0, 1]}, {"filter": "mlp", "value": 0.5}]
+    assert evaluate_setting(conds, "model.layers.0.self_attn.q_proj.weight", 0.5) == pytest.approx(0.5)
+    assert evaluate_setting(conds, "model.layers.0.mlp.up_proj.weight", 0.5) == 0.5
+    assert evaluate_setting(conds, "model.norm.weight", 0.5) is None  # falls through
+    assert evaluate_setting([{"filter": "*.bias", "value": 2}], "a.bias", 0) == 2  # globs too
+    assert evaluate_setting([{"value": 7}], "anything", 0) == 7
+
+
+def test_conditional_miss_falls_through_to_global():
+    cfg = MergeConfig.from_dict(
+        {
+            "merge_method": "linear",
+            "models": [{"model": "a", "parameters": {"weight": [{"filter": "mlp", "value": 3.0}]}}, "b"],
+            "parameters": {"weight": 0.5},
+        }
+    )
+    assert cfg.resolve_params("model.layers.0.mlp.w", 0, 0, 2)["weight"] == 3.0
+    assert cfg.resolve_params("model.layers.0.attn.w", 0, 0, 2)["weight"] == 0.5
+    assert cfg.resolve_params("model.layers.0.attn.w", 1, 0, 2)["weight"] == 0.5
+    assert cfg.resolve_params("model.layers.0.mlp.w", 0, 0, 2, own_only=True) == {"weight": 3.0}
+
+
+def test_layer_helpers():
+    assert layer_index("model.layers.12.mlp.up_proj.weight") == 12
+    assert layer_index("transformer.h.3.attn.c_attn.weight") == 3
+    assert layer_index("model.norm.weight") is None
+    assert layer_position("model.layers.1.w", 1, 4) == pytest.approx(1 / 3)
+    assert layer_position("model.layers.0.w", 0, 1) == 1.0  # mergekit: t = 1 for a one-layer slice
+    assert layer_position("lm_head.weight", None, 4) == 1.0
+    assert layer_position("model.embed_tokens.weight", None, 4) == 0.0
+
+
+def test_weights_field_and_round_trip(tmp_path):
+    cfg = MergeConfig.from_dict(
+        {
+            "merge_method": "fisher_rao",
+            "models": ["a", "b"],
+            "weights": [0.25, 0.75],
+            "parameters": {"solver": "nre", "filter_exclude": ["*.bias"]},
+            "out_dtype": "bfloat16",
+            "seed": 4,
+            "memory_budget": "512MiB",
+            "name": "my-merge",
+        }
+    )
+    assert cfg.filter_exclude == ["*.bias"] and "filter_exclude" not in cfg.parameters
+    assert [m.parameters["weight"] for m in cfg.models] == [0.25, 0.75]
+    assert cfg.is_excluded("model.layers.0.mlp.bias") and not cfg.is_excluded("model.layers.0.mlp.weight")
+    again = MergeConfig.from_yaml(cfg.to_yaml())
+    assert again == cfg
+    path = tmp_path / "r.yaml"
+    path.write_text(cfg.to_yaml())
+    assert MergeConfig.from_yaml(path) == cfg and MergeConfig.from_yaml(str(path)) == cfg
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        MergeConfig.from_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        MergeConfig.from_yaml("missing.yaml")
+    with pytest.raises(ValueError, match="YAML mapping"):
+        MergeConfig.from_yaml("- a\n- b\n")
+
+
+@pytest.mark.parametrize(
+    ("recipe", "match"),
+    [
+        ({"merge_method": "linear", "models": ["a", "b"], "weights": [1]}, "weights has 1 entries"),
+        (
+            {"merge_method": "linear", "models": [{"model": "a", "parameters": {"weight": 1}}], "weights": [1]},
+            "one of",
+        ),
+        ({"merge_method": "linear", "slices": [{"sources": []}], "models": ["a"]}, "unsupported mergekit feature"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer_source": "union"}, "union is not supported"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"source": "union", "tokens": {}}}, "unsupported"),
+        ({"merge_method": "linear", "models": ["a"], "chat_template": "chatml"}, "unsupported"),
+        ({"merge_method": "linear", "models": ["a"], "bogus": 1}, "unknown recipe keys"),
+        ({"merge_method": "linear", "models": []}, "at least one input model"),
+        ({"models": ["a"]}, "merge_method is required"),
+        ({"merge_method": "slerp", "models": ["a", "b", "c"], "parameters": {"t": 0.5}}, "exactly 2"),
+        ({"merge_method": "slerp", "models": ["a", "b"], "base_model": "c", "parameters": {"t": 0.5}}, "exactly 2"),
+        ({"merge_method": "linear", "models": ["a"], "dtype": "int8"}, "dtype='int8' is not supported"),
+        ({"merge_method": "linear", "models": ["a"], "parameters": {"weight": [{"filter": "x"}]}}, "filter, value"),
+        ({"merge_method": "linear", "models": [{"model": "a", "extra": 1}]}, "unknown keys"),
+    ],
+)
+def test_recipe_errors(recipe, match):
+    with pytest.raises(ValueError, match=match):
+        MergeConfig.from_dict(recipe)
+
+
+def test_validate_method_and_base():
+    with pytest.raises(ValueError, match=r"Valid names: .*linear"):
+        MergeConfig.from_dict({"merge_method": "lineaar", "models": ["a"]}).validate()
+    with pytest.raises(ValueError, match="needs base_model"):
+        MergeConfig.from_dict({"merge_method": "ties", "models": ["a", "b"]}).validate()
+    with pytest.raises(ValueError, match="density"):
+        MergeConfig.from_dict(
+            {"merge_method": "ties", "models": ["a", "b"], "base_model": "c", "parameters": {"density": 1.5}}
+        ).validate()
+    method = MergeConfig.from_dict({"merge_method": "karcher", "models": ["a", "b"]}).validate()
+    assert method.kind == "gram"
+
+
+def test_slerp_inputs_put_base_first():
+    cfg = MergeConfig.from_dict(
+        {"merge_method": "slerp", "models": ["b", "a"], "base_model": "a", "parameters": {"t": 0.5}}
+    )
+    assert [m.model for m in cfg.input_models()] == ["a", "b"]
+    cfg = MergeConfig.from_dict({"merge_method": "slerp", "models": ["x"], "base_model": "a", "parameters": {"t": 0}})
+    assert [m.model for m in cfg.input_models()] == ["a", "x"]
+
+
+def test_local_path_with_at_sign_is_kept(tmp_path):
+    d = tmp_path / "model@v2"
+    d.mkdir()
+    cfg = MergeConfig.from_dict({"merge_method": "linear", "models": [str(d)]})
+    assert cfg.models[0].model == str(d) and cfg.models[0].revision is None
+
+
+def test_data_driven_recipe_keeps_its_own_fields():
+    cfg = MergeConfig.from_dict(
+        {"merge_method": "fw_merging", "base_model": "b", "pool": [{"model": "x"}], "objective": {"kind": "entropy"}}
+    )
+    assert cfg.is_data_driven and cfg.extra["objective"] == {"kind": "entropy"}
+    assert cfg.to_dict()["pool"] == [{"model": "x"}]
+
+
+def test_import_is_torch_free():
+    code = "import sys, hf_stable.merging as m; m.MergeConfig; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
