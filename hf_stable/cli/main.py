@@ -4,6 +4,7 @@
 hf-stable sft --config examples/configs/sft_prob.yaml [--accelerate_config ddp|zero2|zero3|fsdp2]
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
+hf-stable merge examples/configs/merge_ties.yaml OUT [--dry-run] [--diagnose] [--push-to-hub REPO]
 hf-stable demo [--output_dir demo_output]
 hf-stable list [--family sft_objective]
 ```
@@ -27,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in TRAINING_COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
+    # `merge` is a single-process job (no accelerate launch): its own parser in `hf_stable.scripts.merge` handles
+    # everything after the command name, `--help` included.
+    sub.add_parser(
+        "merge", help="Merge models from a recipe (streaming engine); --help lists every flag", add_help=False
+    )
     demo = sub.add_parser("demo", help="End-to-end demo on the bundled tiny model (minutes on a CPU)")
     demo.add_argument("--output_dir", default="demo_output")
     demo.add_argument("--quick", action="store_true", help="A shorter run (for smoke tests)")
@@ -43,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from .launch import run_training_command
 
         return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
+    if args.command == "merge":
+        from ..scripts.merge import main as merge_main
+
+        return merge_main(argv[argv.index("merge") + 1 :], prog="hf-stable merge")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "demo":
