@@ -1,1 +1,19 @@
 """Trainer callbacks (learning-rate control, and later merging, stability guards and monitors)."""
+
+import importlib
+
+
+# name -> submodule; imported on first access so `import hf_stable.callbacks` stays cheap
+_LAZY = {
+    "WSMCallback": "wsm",
+    "MergeOnTrainEndCallback": "merge",
+    "PushMergedToHubCallback": "merge",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
