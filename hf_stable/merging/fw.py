@@ -1,0 +1,780 @@
+"""FW-Merging: Frank–Wolfe over the (layer-wise) convex hull of a pool of checkpoints (spec `merging.md` §5).
+
+Paper: Chen et al. 2025, "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization" (arXiv 2503.12649).
+Reference code: `hmarkc/FW-Merging` (`discriminative/merge.py::frank_wolfe_merge`, `generative/merge.py`; MIT), and
+FusionBench `fusion_bench/method/fw_merging/fw_soft.py`. What hf_stable does (spec §5.2):
+
+    x_0 = θ_0                                   (init="base")  |  local_merge(θ_0, all τ_i)  (init="merge_all")
+    for t = 0..T-1:
+        g = ∇f(x_t)                              (fp32 gradients of the materialised model)
+        score_i^ℓ = <g^ℓ, θ_i^ℓ − x_t^ℓ>         (ℓ = one named tensor; candidates streamed one tensor at a time)
+        s^ℓ = θ_{i*}^ℓ if min_i score_i^ℓ < 0 else x_t^ℓ   (the "no-move" vertex)
+        gap_t = −Σ_ℓ min(0, min_i score_i^ℓ)       (Frank–Wolfe duality gap over the hull ∪ {x_t}; stop if ≤ tol)
+        γ_t = η·2/(t+2);  x_{t+1} = x_t + λ γ_t · d,  d = s − x_t  (ta)  or  Trim_ρ(s − x_t)  (ties)
+
+`lmo="task"` replaces the per-tensor argmin by one argmin of `Σ_ℓ score_i^ℓ` (the task-wise hull). The reference's
+LMO (`lmo_score="ref_cosine"`, spec §5.3) ranks candidates by the cosine `<g, θ_i>/(‖g‖‖θ_i‖)` of the gradient with
+the raw candidate tensor and, layer-wise, takes a zero tensor when the best cosine is ≥ 0 (the reference's
+`frank_wolfe_selection`): that vertex shrinks the layer by (1 − λγ). Task-wise it sums the per-tensor cosines and
+always moves (as the reference).
+
+Memory (the paper's claim, spec §5.3): only the iterate, its gradient, the base snapshot when `init="merge_all"` and
+one candidate tensor are resident; candidates are read candidate-major in on-disk order, then the winning tensors are
+read once more for the update. Resident memory is O(model) whatever the pool size; the price is I/O:
+(T·(N + 1))·|θ| bytes are read (`history.bytes_read`). `ResidentTracker` counts the candidate tensors alive at once
+(weak references, so a leaked tensor is seen), which the tests and the experiment report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_stable.merging.fw_objectives import CallableObjective, FWObjective, make_objective
+
+
+LMO_KINDS = ("layer", "task")
+LMO_SCORES = ("gap", "ref_cosine")
+INITS = ("base", "merge_all")
+LOCAL_MERGES = ("ta", "ties")
+NO_MOVE = -1  # vertex index meaning "s^ℓ = x^ℓ"
+ZEROS = -2  # vertex index meaning "s^ℓ = 0" (ref_cosine layer-wise LMO)
+_CHUNK = 1 << 22  # elements per fp64 chunk in inner products (bounds the fp64 temporaries)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# resident-memory accounting and candidate sources
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class ResidentTracker:
+    """Counts candidate tensors (fp32 working copies) alive at the same time, through weak references.
+
+    `track(t)` registers a tensor; it stops counting when Python frees it, so a leaked reference shows up in
+    `peak_tensors` / `peak_bytes`. `bytes_read` counts the stored bytes read from the pool (disk or memory).
+    """
+
+    def __init__(self) -> None:
+        self.current_bytes = 0
+        self.current_tensors = 0
+        self.peak_bytes = 0
+        self.peak_tensors = 0
+        self.bytes_read = 0
+        self.reads = 0
+
+    def _release(self, nbytes: int) -> None:
+        self.current_bytes -= nbytes
+        self.current_tensors -= 1
+
+    def track(self, tensor: torch.Tensor, stored_nbytes: int) -> torch.Tensor:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.current_bytes += nbytes
+        self.current_tensors += 1
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        self.peak_tensors = max(self.peak_tensors, self.current_tensors)
+        self.bytes_read += stored_nbytes
+        self.reads += 1
+        weakref.finalize(tensor, self._release, nbytes)
+        return tensor
+
+
+class CandidateSource:
+    """One pool member: a safetensors checkpoint (folder, index + shards, or one file) streamed one tensor at a time,
+    or an in-memory state dict (tests, callbacks).
+
+    Reads go through `hf_stable.merging.io.reader.SafetensorsReader` when it is available, else
+    `safetensors.safe_open` (one handle per shard, kept open until `close`). Every read returns a fresh fp32 tensor
+    on `device`, registered with the tracker.
+    """
+
+    def __init__(self, spec: Any, tracker: ResidentTracker, *, label: str, device: torch.device | str = "cpu"):
+        self.label, self.tracker, self.device = label, tracker, torch.device(device)
+        self._state: Mapping[str, torch.Tensor] | None = None
+        self._reader = None
+        self._handles: dict[str, Any] = {}
+        if isinstance(spec, Mapping):
+            self._state = spec
+            self.shapes = {n: tuple(t.shape) for n, t in spec.items() if torch.is_tensor(t)}
+            self._order = list(self.shapes)
+            return
+        if not isinstance(spec, (str, os.PathLike)):
+            raise TypeError(f"pool entry {label}: expected a path (str/PathLike) or a state dict, got {type(spec)}")
+        from hf_stable.merging.io.header import ModelCheckpoint
+
+        self.checkpoint = ModelCheckpoint.open(spec)
+        infos = self.checkpoint.tensors
+        self.shapes = {n: tuple(info.shape) for n, info in infos.items()}
+        # on-disk order: by shard file, then byte offset (sequential reads; spec §5.3 "reading in file order")
+        self._order = sorted(infos, key=lambda n: (str(infos[n].file), infos[n].offset))
+        try:
+            from hf_stable.merging.io.reader import SafetensorsReader
+        except ImportError:  # helper "io" not landed yet: fall back to safetensors' own reader
+            SafetensorsReader = None
+        if SafetensorsReader is not None:
+            self._reader = SafetensorsReader(self.checkpoint)
+
+    def order(self, names: Sequence[str]) -> list[str]:
+        wanted = set(names)
+        return [n for n in self._order if n in wanted]
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor `name` as a fresh fp32 tensor of the stored shape (tracked)."""
+        if self._state is not None:
+            raw = self._state[name].detach()
+            out = raw.to(device=self.device, dtype=torch.float32, copy=True)
+            return self.tracker.track(out, raw.numel() * raw.element_size())
+        info = self.checkpoint.tensors[name]
+        if self._reader is not None:
+            raw = self._reader.read_tensor(name)
+        else:
+            from safetensors import safe_open
+
+            file = str(info.file)
+            if file not in self._handles:
+                self._handles[file] = safe_open(file, framework="pt", device="cpu")
+            raw = self._handles[file].get_tensor(name)
+        out = raw.to(device=self.device, dtype=torch.float32, copy=True).reshape(info.shape)
+        del raw
+        return self.tracker.track(out, info.nbytes)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        self._handles.clear()
+
+
+def _label(spec: Any, i: int) -> str:
+    return str(spec) if isinstance(spec, (str, os.PathLike)) else f"pool[{i}]"
+
+
+def _open_pool(pool: Sequence[Any], tracker: ResidentTracker, device) -> list[CandidateSource]:
+    if isinstance(pool, (str, os.PathLike, Mapping)):
+        raise TypeError("pool: expected a list of checkpoints (paths or state dicts), got a single one")
+    return [CandidateSource(spec, tracker, label=_label(spec, i), device=device) for i, spec in enumerate(pool)]
+
+
+def _check_pool(sources: list[CandidateSource], shapes: dict[str, tuple[int, ...]]) -> None:
+    for src in sources:
+        missing = [n for n in shapes if n not in src.shapes]
+        if missing:
+            raise ValueError(f"pool entry {src.label}: missing tensor(s) {missing[:5]} of the base model")
+        for n, shape in shapes.items():
+            if src.shapes[n] != shape:
+                raise ValueError(f"pool entry {src.label}: tensor {n!r} has shape {src.shapes[n]}, base has {shape}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# small math helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _dot64(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> float:
+    """`<a, b − c>` (or `<a, b>`) accumulated in fp64 over flat chunks; a, b, c: same numel."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    c = None if c is None else c.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=a.device)
+    for s in range(0, a.numel(), _CHUNK):
+        bb = b[s : s + _CHUNK].double()
+        if c is not None:
+            bb = bb - c[s : s + _CHUNK].double()
+        total += torch.dot(a[s : s + _CHUNK].double(), bb)
+    return float(total)
+
+
+def _norm64(a: torch.Tensor) -> float:
+    return math.sqrt(max(_dot64(a, a), 0.0))
+
+
+def trim_top(d: torch.Tensor, density: float) -> torch.Tensor:
+    """Keep the `k = int(density·numel)` largest-|d| entries of `d` (any shape), zero the rest.
+
+    Exactly PEFT's `magnitude_based_pruning` rule (`torch.topk` over the flattened tensor, per tensor).
+    """
+    k = int(density * d.numel())
+    if k >= d.numel():
+        return d
+    flat = d.reshape(-1)
+    out = torch.zeros_like(flat)
+    if k > 0:
+        idx = torch.topk(flat.abs(), k=k, largest=True).indices
+        out[idx] = flat[idx]
+    return out.reshape(d.shape)
+
+
+def fw_gamma(t: int, step: float) -> float:
+    """Frank–Wolfe step `γ_t = η·2/(t+2)` (t = 0, 1, ...; γ_0 = η), as the reference's `2/(t+2)·step_size`."""
+    return step * 2.0 / (t + 2.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# configuration and history
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalMerge:
+    """How the FW direction is applied (spec §5.2): `ta` adds `λγ(s − x)`; `ties` adds `λγ·Trim_ρ(s − x)`."""
+
+    method: str = "ta"
+    scaling: float = 1.0
+    density: float = 0.3
+
+    @classmethod
+    def parse(cls, value: Any) -> LocalMerge:
+        if value is None:
+            return cls()
+        if isinstance(value, LocalMerge):
+            out = value
+        elif isinstance(value, str):
+            out = cls(method=value)
+        elif isinstance(value, Mapping):
+            unknown = set(value) - {"method", "scaling", "density"}
+            if unknown:
+                raise ValueError(f"local_merge: unknown key(s) {sorted(unknown)}; allowed: method, scaling, density")
+            out = cls(**dict(value))
+        else:
+            raise TypeError(f"local_merge: expected a dict, a method name or LocalMerge, got {type(value)}")
+        if out.method not in LOCAL_MERGES:
+            raise ValueError(f"local_merge.method: {out.method!r} is not one of {LOCAL_MERGES}")
+        if not (isinstance(out.scaling, (int, float)) and out.scaling > 0):
+            raise ValueError(f"local_merge.scaling: expected a positive number, got {out.scaling!r}")
+        if not (isinstance(out.density, (int, float)) and 0 < out.density <= 1):
+            raise ValueError(f"local_merge.density: expected a number in (0, 1], got {out.density!r}")
+        return out
+
+
+@dataclass
+class FWHistory:
+    """What `fw_merge` did. `iterations[t]`: `t`, `loss` f(x_t), `gap` (duality gap of the chosen hull),
+    `gamma`, `step` (= λγ actually applied, 0 when stopped), `chosen` {tensor: vertex index, −1 no move, −2 zeros},
+    `counts` {vertex label: number of tensors}, `bytes_read` (cumulative), `seconds`, `stopped`."""
+
+    pool: list[str]
+    settings: dict
+    iterations: list[dict] = field(default_factory=list)
+    initial_loss: float | None = None
+    final_loss: float | None = None
+    bytes_read: int = 0
+    peak_resident_bytes: int = 0
+    peak_resident_tensors: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _validate(iters, step, lmo, lmo_score, init, tol) -> None:
+    if not isinstance(iters, int) or iters < 0:
+        raise ValueError(f"iters: expected a non-negative int, got {iters!r}")
+    if not (isinstance(step, (int, float)) and step > 0):
+        raise ValueError(f"step: expected a positive number, got {step!r}")
+    if lmo not in LMO_KINDS:
+        raise ValueError(f"lmo: {lmo!r} is not one of {LMO_KINDS}")
+    if lmo_score not in LMO_SCORES:
+        raise ValueError(f"lmo_score: {lmo_score!r} is not one of {LMO_SCORES}")
+    if init not in INITS:
+        raise ValueError(f"init: {init!r} is not one of {INITS}")
+    if not (isinstance(tol, (int, float)) and tol >= 0):
+        raise ValueError(f"tol: expected a number ≥ 0, got {tol!r}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the iterate: an nn.Module (HF model) or a dict of fp32 leaf tensors
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _materialise(base: Any, names: Sequence[str] | None, device) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(target handed to the objective, {name: fp32 leaf tensor of the iterate})."""
+    if isinstance(base, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if isinstance(base, torch.nn.Module):
+        # gradients of the materialised model in fp32 (spec §0.5): a bf16 base is upcast in place
+        if any(p.dtype != torch.float32 for p in base.parameters() if p.dtype.is_floating_point):
+            base.float()
+        if device is not None:
+            base.to(device)
+        params = {n: p for n, p in base.named_parameters() if p.dtype.is_floating_point}
+        target = base
+    elif isinstance(base, Mapping):
+        params = {
+            n: t.detach().to(device=device or t.device, dtype=torch.float32).clone().requires_grad_(True)
+            for n, t in base.items()
+            if torch.is_tensor(t) and t.dtype.is_floating_point
+        }
+        target = params
+    else:
+        raise TypeError(f"base: expected an nn.Module, a model path or a state dict, got {type(base)}")
+    if names is not None:
+        unknown = [n for n in names if n not in params]
+        if unknown:
+            raise ValueError(f"names: {unknown[:5]} are not float parameters of the base model")
+        params = {n: params[n] for n in names}
+    if not params:
+        raise ValueError("base: no floating-point parameters to merge")
+    return target, params
+
+
+def _zero_grads(params: Mapping[str, torch.Tensor], target: Any) -> None:
+    if isinstance(target, torch.nn.Module):
+        target.zero_grad(set_to_none=True)
+    for p in params.values():
+        p.grad = None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# streamed local merge over the whole pool (init="merge_all"; also the TA / TIES baselines)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateSource], local: LocalMerge) -> None:
+    """In place: `x ← θ_0 + λ·TA(τ)` or `θ_0 + λ·TIES_ρ(τ)` with `θ_0` = the current `params`, `τ_i = θ_i − θ_0`.
+
+    Streamed candidate by candidate, one tensor resident. TA: `Σ_i τ_i`. TIES (Yadav et al. 2023; semantics of
+    PEFT `utils/merge_utils.py::ties` with unit weights): per-tensor top-ρ trim of each `τ_i`, elected sign
+    `sign(Σ_i trim(τ_i))` (0 → +), disjoint mean over the entries that agree with it. Two passes for TIES (sum of
+    trimmed vectors, then the agreeing sum and count): memory O(model), not O(N·model).
+    """
+    names = list(params)
+    base = {n: params[n].detach().clone() for n in names}
+    if local.method == "ta":
+        acc = {n: torch.zeros_like(base[n]) for n in names}
+        for src in sources:
+            for n in src.order(names):
+                theta = src.read(n)
+                acc[n] += theta - base[n]
+                del theta
+        merged = acc
+    else:
+        total = {n: torch.zeros_like(base[n]) for n in names}
+        for src in sources:
+            for n in src.order(names):
+                theta = src.read(n)
+                total[n] += trim_top(theta - base[n], local.density)
+                del theta
+        sign = {n: torch.where(total[n] >= 0, 1.0, -1.0) for n in names}
+        del total
+        agree = {n: torch.zeros_like(base[n]) for n in names}
+        count = {n: torch.zeros_like(base[n]) for n in names}
+        for src in sources:
+            for n in src.order(names):
+                theta = src.read(n)
+                tau = trim_top(theta - base[n], local.density)
+                del theta
+                mask = (torch.sign(tau) == sign[n]).to(tau.dtype)
+                agree[n] += tau * mask
+                count[n] += mask
+        merged = {n: agree[n] / count[n].clamp(min=1.0) for n in names}
+    for n in names:
+        params[n].copy_(base[n] + local.scaling * merged[n])
+
+
+def local_merge_all(
+    base: Mapping[str, torch.Tensor],
+    pool: Sequence[Any],
+    *,
+    method: str = "ta",
+    scaling: float = 1.0,
+    density: float = 0.3,
+    tracker: ResidentTracker | None = None,
+) -> dict[str, torch.Tensor]:
+    """Task arithmetic / TIES of a whole pool against `base`, streamed (one candidate tensor resident).
+
+    Args:
+        base: `{name: tensor}`; its float tensors are merged.
+        pool: paths of safetensors checkpoints or state dicts.
+        method, scaling, density: `LocalMerge` fields (`ta`: `θ_0 + λΣτ_i`; `ties`: `θ_0 + λ·TIES_ρ(τ)`).
+    Returns:
+        `{name: fp32 tensor}`.
+    """
+    local = LocalMerge.parse({"method": method, "scaling": scaling, "density": density})
+    tracker = tracker or ResidentTracker()
+    params = {n: t.detach().to(torch.float32).clone() for n, t in base.items() if t.dtype.is_floating_point}
+    sources = _open_pool(pool, tracker, device=next(iter(params.values())).device)
+    try:
+        _check_pool(sources, {n: tuple(t.shape) for n, t in params.items()})
+        _merge_all_into(params, sources, local)
+    finally:
+        for src in sources:
+            src.close()
+    return params
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Frank–Wolfe
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _lmo(
+    scores: torch.Tensor, cosines: torch.Tensor | None, lmo: str, lmo_score: str, live: torch.Tensor
+) -> tuple[list[int], float]:
+    """Vertex per tensor and the duality gap.
+
+    scores: (N, L) fp64 `<g^ℓ, θ_i^ℓ − x^ℓ>`; cosines: (N, L) `<g^ℓ, θ_i^ℓ>/(‖g^ℓ‖‖θ_i^ℓ‖)` or None;
+    live: (L,) bool, tensors with a non-zero gradient (others never move).
+    """
+    if lmo == "layer":
+        best = scores.min(dim=0)
+        gap = float(-best.values.clamp(max=0.0)[live].sum())
+    else:
+        total = scores[:, live].sum(dim=1)
+        gap = float(-total.min().clamp(max=0.0))
+    if lmo_score == "gap":
+        if lmo == "layer":
+            idx = best.indices.tolist()
+            chosen = [
+                i if (v < 0 and ok) else NO_MOVE
+                for i, v, ok in zip(idx, best.values.tolist(), live.tolist(), strict=True)
+            ]
+        else:
+            i = int(total.argmin())
+            chosen = [i if (total[i] < 0 and ok) else NO_MOVE for ok in live.tolist()]
+    else:  # reference behaviour (hmarkc/FW-Merging `frank_wolfe_selection`)
+        if lmo == "layer":
+            best_c = cosines.min(dim=0)
+            chosen = [
+                (i if v < 0 else ZEROS) if ok else NO_MOVE
+                for i, v, ok in zip(best_c.indices.tolist(), best_c.values.tolist(), live.tolist(), strict=True)
+            ]
+        else:
+            i = int(cosines[:, live].sum(dim=1).argmin())
+            chosen = [i if ok else NO_MOVE for ok in live.tolist()]
+    return chosen, gap
+
+
+def fw_merge(
+    base: Any,
+    pool: Sequence[Any],
+    objective: Any,
+    *,
+    iters: int = 10,
+    step: float = 1.0,
+    lmo: str = "layer",
+    lmo_score: str = "gap",
+    init: str = "base",
+    local_merge: Any = None,
+    tol: float = 0.0,
+    progress: bool = True,
+    names: Sequence[str] | None = None,
+    device: str | torch.device | None = None,
+    tokenizer: Any = None,
+) -> tuple[Any, FWHistory]:
+    """Frank–Wolfe merging of a pool of checkpoints (Chen et al. 2025, arXiv 2503.12649; spec §5.2).
+
+    Args:
+        base: the starting point θ_0 and the architecture: an `nn.Module` (updated in place; upcast to fp32), a model
+            folder (loaded with `AutoModelForCausalLM`, fp32) or a state dict `{name: tensor}` (for pure-math
+            objectives; the objective then receives `{name: fp32 leaf tensor}`).
+        pool: candidates θ_1..θ_N: safetensors folders/files (streamed one tensor at a time) or state dicts.
+        objective: `f`, minimised. A callable `target -> scalar loss tensor`, an `FWObjective`
+            (`hf_stable.merging.fw_objectives.ProxyCE`, `KLToExperts`, `Entropy`), or a dict spec
+            `{"kind": "proxy_ce" | "kl_to_experts" | "entropy", ...}` (needs `tokenizer`).
+        iters: T, the number of FW iterations (reference default 10).
+        step: η in `γ_t = η·2/(t+2)`.
+        lmo: `"layer"` (product of per-tensor hulls, default) or `"task"` (hull of whole models).
+        lmo_score: `"gap"` (`<g, θ_i − x>` with a no-move vertex, default) or `"ref_cosine"` (reference code).
+        init: `"base"` (x_0 = θ_0, default) or `"merge_all"` (x_0 = local merge of the whole pool, reference LLM/GLUE
+            code; the reference also appends x_0 to the pool as a vertex, which is not done here).
+        local_merge: `{"method": "ta" | "ties", "scaling": λ, "density": ρ}` (default TA, λ = 1).
+        tol: stop when the duality gap ≤ tol (`lmo_score="gap"` only; with 0 it stops when no vertex improves).
+        progress: tqdm bar over iterations.
+        names: restrict the merged tensors (default: every float parameter of the base).
+        device: where the iterate, gradients and candidate tensors live (default: the base's device / cpu).
+        tokenizer: needed for dict objective specs.
+
+    Returns:
+        `(merged, history)`: the module (or `{name: fp32 tensor}` for a state-dict base) at x_T, and an `FWHistory`.
+    """
+    _validate(iters, step, lmo, lmo_score, init, tol)
+    local = LocalMerge.parse(local_merge)
+    if isinstance(objective, Mapping):
+        objective = make_objective(objective, tokenizer=tokenizer)
+    elif not isinstance(objective, FWObjective):
+        if not callable(objective):
+            raise TypeError(f"objective: expected a callable, an FWObjective or a dict spec, got {type(objective)}")
+        objective = CallableObjective(objective)
+    start = time.time()
+    target, params = _materialise(base, names, device)
+    dev = next(iter(params.values())).device
+    tracker = ResidentTracker()
+    sources = _open_pool(pool, tracker, device=dev)
+    if not sources:
+        raise ValueError("pool: empty; FW-Merging needs at least one candidate")
+    tensor_names = list(params)
+    settings = {
+        "iters": iters, "step": step, "lmo": lmo, "lmo_score": lmo_score, "init": init,
+        "local_merge": asdict(local), "tol": tol,
+    }  # fmt: skip
+    history = FWHistory(pool=[s.label for s in sources], settings=settings)
+    try:
+        _check_pool(sources, {n: tuple(p.shape) for n, p in params.items()})
+        objective.prepare(target)
+        if init == "merge_all":
+            _merge_all_into({n: p.data for n, p in params.items()}, sources, local)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=iters, desc="FW-Merging", unit="it")
+        for t in range(iters):
+            t0 = time.time()
+            _zero_grads(params, target)
+            loss = objective.loss_and_grad(target)
+            if t == 0:
+                history.initial_loss = loss
+            grads = {n: p.grad for n, p in params.items()}
+            live = torch.tensor([g is not None and bool(g.ne(0).any()) for g in grads.values()])
+            scores = torch.zeros(len(sources), len(tensor_names), dtype=torch.float64)
+            cosines = torch.zeros_like(scores) if lmo_score == "ref_cosine" else None
+            gnorm = {n: _norm64(g) for n, g in grads.items() if g is not None}
+            col = {n: j for j, n in enumerate(tensor_names)}
+            # scoring pass: candidate-major, on-disk order, one candidate tensor resident
+            with torch.no_grad():
+                for i, src in enumerate(sources):
+                    for n in src.order([n for n, ok in zip(tensor_names, live.tolist(), strict=True) if ok]):
+                        theta = src.read(n)
+                        g, x = grads[n], params[n]
+                        scores[i, col[n]] = _dot64(g, theta, x)
+                        if cosines is not None:
+                            denom = gnorm[n] * _norm64(theta)
+                            cosines[i, col[n]] = _dot64(g, theta) / denom if denom > 0 else 0.0
+                        del theta
+            chosen, gap = _lmo(scores, cosines, lmo, lmo_score, live)
+            gamma = fw_gamma(t, step)
+            record = {
+                "t": t, "loss": loss, "gap": gap, "gamma": gamma, "step": local.scaling * gamma,
+                "chosen": dict(zip(tensor_names, chosen, strict=True)), "stopped": False,
+            }  # fmt: skip
+            labels = {NO_MOVE: "no_move", ZEROS: "zeros"}
+            counts: dict[str, int] = {}
+            for c in chosen:
+                key = labels.get(c, sources[c].label if c >= 0 else str(c))
+                counts[key] = counts.get(key, 0) + 1
+            record["counts"] = counts
+            if lmo_score == "gap" and gap <= tol:
+                record.update(stopped=True, step=0.0, bytes_read=tracker.bytes_read, seconds=time.time() - t0)
+                history.iterations.append(record)
+                break
+            _fw_update(params, sources, tensor_names, chosen, local, local.scaling * gamma)
+            record.update(bytes_read=tracker.bytes_read, seconds=time.time() - t0)
+            history.iterations.append(record)
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4g}", gap=f"{gap:.3g}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        _zero_grads(params, target)
+        history.final_loss = objective.evaluate(target)
+        if history.initial_loss is None:
+            history.initial_loss = history.final_loss
+    finally:
+        for src in sources:
+            src.close()
+    history.bytes_read = tracker.bytes_read
+    history.peak_resident_bytes = tracker.peak_bytes
+    history.peak_resident_tensors = tracker.peak_tensors
+    history.seconds = time.time() - start
+    if isinstance(target, torch.nn.Module):
+        return target, history
+    return {n: p.detach() for n, p in params.items()}, history
+
+
+@torch.no_grad()
+def _fw_update(
+    params: Mapping[str, torch.Tensor],
+    sources: list[CandidateSource],
+    tensor_names: list[str],
+    chosen: list[int],
+    local: LocalMerge,
+    coef: float,
+) -> None:
+    """`x^ℓ += coef · d^ℓ`, `d^ℓ = s^ℓ − x^ℓ` (TIES: its top-ρ entries; one direction, so no sign election)."""
+    by_source: dict[int, list[str]] = {}
+    for n, c in zip(tensor_names, chosen, strict=True):
+        if c == NO_MOVE:
+            continue
+        if c == ZEROS:
+            x = params[n].data
+            d = -x
+            x.add_(trim_top(d, local.density) if local.method == "ties" else d, alpha=coef)
+        else:
+            by_source.setdefault(c, []).append(n)
+    for i, wanted in by_source.items():
+        for n in sources[i].order(wanted):
+            theta = sources[i].read(n)
+            x = params[n].data
+            d = theta - x
+            del theta
+            x.add_(trim_top(d, local.density) if local.method == "ties" else d, alpha=coef)
+            del d
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# config entry point (`merge_method: fw_merging`, spec §5.4)
+# --------------------------------------------------------------------------------------------------------------------
+
+_PARAM_KEYS = ("iters", "step", "lmo", "lmo_score", "init", "local_merge", "tol", "grad_device")
+
+
+def _config_dict(config: Any) -> dict:
+    if isinstance(config, Mapping):
+        return dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        import yaml
+
+        text = Path(config).read_text() if Path(str(config)).is_file() else str(config)
+        out = yaml.safe_load(text)
+        if not isinstance(out, dict):
+            raise ValueError("config: the YAML must be a mapping")
+        return out
+    for attr in ("to_dict", "as_dict"):
+        if hasattr(config, attr):
+            return dict(getattr(config, attr)())
+    if hasattr(config, "__dataclass_fields__"):
+        return asdict(config)
+    raise TypeError(f"config: expected a MergeConfig, a dict or a YAML path/string, got {type(config)}")
+
+
+def _model_ref(entry: Any, field_name: str) -> str:
+    if isinstance(entry, Mapping):
+        if "model" not in entry:
+            raise ValueError(f"{field_name}: each entry needs a `model` key, got {dict(entry)}")
+        entry = entry["model"]
+    if not isinstance(entry, (str, os.PathLike)):
+        raise ValueError(f"{field_name}: expected a path or Hub id, got {entry!r}")
+    return str(entry)
+
+
+def resolve_model_path(ref: str) -> str:
+    """A local folder/file as is; otherwise `org/name[@revision]` downloaded (safetensors, configs, tokenizer)."""
+    if Path(ref).exists():
+        return ref
+    if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:
+        raise FileNotFoundError(f"{ref}: no such local checkpoint (and not a Hub id of the form org/name[@rev])")
+    repo, _, revision = ref.partition("@")
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(
+        repo, revision=revision or None, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
+    )
+
+
+def fw_merge_from_config(
+    config: Any, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True, **overrides
+) -> dict:
+    """Run `merge_method: fw_merging` from a recipe (spec §5.4) and save the merged model to `out_dir`.
+
+    Recipe fields: `base_model`, `pool` (list of `{model: path|hub-id}`), `objective` (`kind`: proxy_ce |
+    kl_to_experts | entropy, `data` jsonl, `targets`, `max_tokens_per_task`, `batch_size`, ...), `parameters`
+    (`iters`, `step`, `lmo`, `lmo_score`, `init`, `local_merge`, `tol`, `grad_device`), optional `dtype`/`out_dtype`
+    (output dtype; default the base checkpoint's), `tokenizer_source`. `overrides` replace `parameters` entries.
+
+    The model is written with `save_pretrained` (safetensors) into `OUT.tmp`, with the tokenizer, the recipe
+    (`hf_stable_merge.yaml`) and the history (`fw_history.json`), then renamed to `OUT`; errors in the recipe are
+    raised before anything is created. Returns `{"output_dir", "history"}`.
+    """
+    cfg = _config_dict(config)
+    method = cfg.get("merge_method", "fw_merging")
+    if method != "fw_merging":
+        raise ValueError(f"merge_method: fw_merge_from_config handles 'fw_merging', got {method!r}")
+    if not cfg.get("base_model"):
+        raise ValueError("base_model: FW-Merging needs a base model (the starting point and the architecture)")
+    pool_cfg = cfg.get("pool") or cfg.get("models")
+    if not pool_cfg:
+        raise ValueError("pool: FW-Merging needs a non-empty `pool` (list of {model: path})")
+    if not isinstance(cfg.get("objective"), Mapping):
+        raise ValueError("objective: expected a mapping with `kind` (proxy_ce | kl_to_experts | entropy)")
+    params = dict(cfg.get("parameters") or {})
+    params.update(overrides)
+    unknown = set(params) - set(_PARAM_KEYS)
+    if unknown:
+        raise ValueError(f"parameters: unknown key(s) {sorted(unknown)}; allowed: {list(_PARAM_KEYS)}")
+    device = params.pop("grad_device", None)
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"parameters.grad_device: {device!r} requested but CUDA is not available")
+    _validate(
+        params.get("iters", 10), params.get("step", 1.0), params.get("lmo", "layer"),
+        params.get("lmo_score", "gap"), params.get("init", "base"), params.get("tol", 0.0),
+    )  # fmt: skip
+    LocalMerge.parse(params.get("local_merge"))
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out}: exists; pass overwrite=True to replace it")
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_path = resolve_model_path(_model_ref(cfg["base_model"], "base_model"))
+    pool_refs = [_model_ref(e, "pool") for e in pool_cfg]
+    pool_paths = [resolve_model_path(r) for r in pool_refs]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(cfg.get("tokenizer_source") or base_path)))
+    objective = make_objective(cfg["objective"], tokenizer=tokenizer, resolve=resolve_model_path)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    # the checkpoint's own dtype (config.json), not the fp32 we loaded it in
+    base_config = Path(base_path) / "config.json"
+    stored = json.loads(base_config.read_text()) if base_config.is_file() else {}
+    stored_dtype = stored.get("dtype") or stored.get("torch_dtype")
+    model, history = fw_merge(model, pool_paths, objective, progress=progress, device=device, **params)
+
+    out_dtype = cfg.get("out_dtype") or cfg.get("dtype") or stored_dtype or "float32"
+    if isinstance(out_dtype, str):
+        aliases = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+        out_dtype = getattr(torch, aliases.get(out_dtype, out_dtype))
+    model.to(out_dtype)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        import inspect
+
+        save_kw = (
+            {"safe_serialization": True}
+            if "safe_serialization" in inspect.signature(model.save_pretrained).parameters
+            else {}
+        )
+        model.save_pretrained(tmp, **save_kw)  # transformers ≥ 5 always writes safetensors (no such argument)
+        tokenizer.save_pretrained(tmp)
+        import yaml
+
+        (tmp / "hf_stable_merge.yaml").write_text(yaml.safe_dump(_plain(cfg), sort_keys=False))
+        (tmp / "fw_history.json").write_text(json.dumps(history.to_dict(), indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"output_dir": str(out), "history": history}
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+__all__ = [
+    "FWHistory",
+    "LocalMerge",
+    "ResidentTracker",
+    "fw_gamma",
+    "fw_merge",
+    "fw_merge_from_config",
+    "local_merge_all",
+    "trim_top",
+]
