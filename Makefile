@@ -50,6 +50,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/adapters_tfb_calibration.py
 	$(BIN)/python experiments/adapters_sine_unlearning.py
 	$(BIN)/python experiments/tinytofu.py
+	$(BIN)/python experiments/merge_fw.py
 
 clean:
 	rm -rf demo_output site .pytest_cache

@@ -20,6 +20,7 @@ SCRIPTS = [
     "adapters_tfb_calibration",
     "adapters_map_rank",
     "adapters_rslora_rank",
+    "merge_fw",
 ]
 
 
