@@ -51,6 +51,8 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/adapters_sine_unlearning.py
 	$(BIN)/python experiments/tinytofu.py
 	$(BIN)/python experiments/merge_fw.py
+	$(BIN)/python experiments/merge_fisher_rao.py
+	$(BIN)/python experiments/merge_wsm.py
 
 clean:
 	rm -rf demo_output site .pytest_cache

@@ -21,6 +21,8 @@ SCRIPTS = [
     "adapters_map_rank",
     "adapters_rslora_rank",
     "merge_fw",
+    "merge_fisher_rao",
+    "merge_wsm",
 ]
 
 
