@@ -188,12 +188,15 @@ def run(args) -> int:
         return 0
     recipe = _read_recipe(args.recipe, args.seed)
     start = time.perf_counter()
+    # Data-driven recipes (fw_merging, a plain dict) have no streaming pass to collect per-tensor statistics from:
+    # only the data-based diagnostics (--probe-data) apply to them, run below on the finished folder.
+    data_driven = isinstance(recipe, dict)
     result = merge(
         recipe,
         args.out,
         memory_budget=args.memory_budget,
         dry_run=args.dry_run,
-        diagnose=args.diagnose,
+        diagnose=args.diagnose and not data_driven,
         progress=not args.no_progress,
         allow_pickle=True if args.allow_pickle else None,
         overwrite=args.overwrite,

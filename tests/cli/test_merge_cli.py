@@ -82,6 +82,21 @@ def test_merge_with_diagnostics_writes_card_and_json(workspace, tmp_path, capsys
     assert "Lowest norm ratios" in printed and "Per layer" in printed
 
 
+def test_fw_merging_recipe_with_probe_data(workspace, tmp_path):
+    """A data-driven recipe runs through the same command; only the data-based diagnostics apply to it."""
+    root, _, probe = workspace
+    recipe = tmp_path / "fw.yaml"
+    recipe.write_text(
+        f"merge_method: fw_merging\nbase_model: {root / 'expert-a'}\npool:\n  - model: {root / 'expert-b'}\n"
+        f"objective: {{kind: proxy_ce, data: {probe}}}\nparameters: {{iters: 1}}\n"
+    )
+    out = tmp_path / "merged"
+    assert main([str(recipe), str(out), "--probe-data", str(probe), "--probe-tokens", "20", "--no-progress"]) == 0
+    report = json.loads((out / "merge_diagnostics.json").read_text())
+    assert "weights" not in report and report["activations"]["summary"]["n_tokens"] == 20
+    assert ModelCard.load(out / "README.md").data.tags == ["hf_stable", "merge", "fw_merging"]
+
+
 def test_push_to_hub_uploads_the_folder_without_the_token(workspace, tmp_path, monkeypatch):
     _, recipe, _ = workspace
     token = "hf_" + "Qw3" * 12

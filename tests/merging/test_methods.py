@@ -362,3 +362,14 @@ def test_dare_expected_value_is_preserved():
     kept = out != 0
     assert torch.all(out[kept] == 8.0)
     assert abs(float(out.mean()) - 2.0) < 0.05
+
+
+def test_unbuilt_options_are_refused_not_ignored():
+    """`granularity` other than per-tensor and a task-vector SLERP are not implemented: they must fail loudly."""
+    from hf_stable.merging.methods import get_merge_method
+
+    with pytest.raises(ValueError, match="granularity='global'"):
+        get_merge_method("fisher_rao").validate({"granularity": "global"}, 2, False)
+    get_merge_method("fisher_rao").validate({"granularity": "tensor"}, 2, False)
+    with pytest.raises(ValueError, match="space"):
+        get_merge_method("slerp").validate({"space": "task_vector"}, 2, True)

@@ -94,6 +94,12 @@ class MergeMethod:
 
     def validate(self, params: Mapping[str, Any], n_models: int, has_base: bool) -> None:
         """Raise `ValueError` naming the offending parameter and its allowed values."""
+        granularity = (params or {}).get("granularity", "tensor")
+        if granularity != "tensor":  # spec §3.2: `global` and `row` are research options not built yet
+            raise ValueError(
+                f"merge_method {self.name!r}: granularity={granularity!r} is not supported; only 'tensor' (one block "
+                "per named tensor) is implemented."
+            )
         params = self.resolve(params)
         unknown = sorted(set(params) - set(self.param_defaults))
         if unknown:

@@ -16,7 +16,7 @@ from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients
 from hf_stable.merging.methods.base import MERGE_METHODS, SPACES, GramMethod
 
 
-_PAPER = "Wang, Ye, Yin 2026, Fisher–Rao merging (arXiv 2603.04972)"
+_PAPER = "Wang, Ye, Yin 2026, Functionality-Oriented LLM Merging on the Fisher–Rao Manifold (arXiv 2603.04972)"
 _URL = "https://arxiv.org/abs/2603.04972"
 
 

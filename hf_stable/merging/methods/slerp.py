@@ -9,7 +9,7 @@ the two inputs so that input 0 is the base model of a mergekit recipe.
 from __future__ import annotations
 
 from hf_stable.merging.gram import slerp_coefficients
-from hf_stable.merging.methods.base import MERGE_METHODS, SPACES, GramMethod
+from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
 
 
 @MERGE_METHODS.register(
@@ -21,18 +21,14 @@ from hf_stable.merging.methods.base import MERGE_METHODS, SPACES, GramMethod
 class SlerpMethod(GramMethod):
     """SLERP of exactly two inputs (Shoemake 1985).
 
-    Params: `t` (None → `w_1 / (w_0 + w_1)` from the per-model weights), `space` (`weights`; `task_vector`
-    slerps the task vectors and adds the base, like mergekit `nuslerp` with a base model).
+    Params: `t` (None → `w_1 / (w_0 + w_1)` from the per-model weights). Weights space only: as in mergekit, the
+    base model is one of the two endpoints (t = 0), so there is no task-vector variant here.
     """
 
     default_name = "slerp"
-    param_defaults = {"t": None, "space": "weights"}
-    choices = {"space": SPACES}
+    param_defaults = {"t": None}
     min_models = 2
     max_models = 2
-
-    def space(self, params, has_base):
-        return self.resolve(params)["space"]
 
     def _validate(self, params, n_models, has_base):
         if params["t"] is not None:
