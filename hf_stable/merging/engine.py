@@ -155,36 +155,24 @@ def merge(
 
 
 def _dispatch_data_driven(config: MergeConfig | dict, out_dir, **kwargs) -> Any:
-    """`merge_method: fw_merging` (data-driven, spec §5) is run by `hf_stable.merging.fw.fw_merge_from_config`.
+    """`merge_method: fw_merging` (data-driven, spec §5) runs in `hf_stable.merging.fw.fw_merge_from_config`.
 
-    Only the keyword arguments its signature accepts are passed; asking for one it lacks (other than the
-    engine-only `memory_budget`, `read_threads`, `allow_pickle` left at their defaults) raises.
+    The engine-only options (dry run, per-tensor diagnostics, memory budget, pickle inputs, read threads) do not
+    apply to it: setting one raises `ValueError` naming it rather than being silently ignored.
     """
-    import inspect
+    from .fw import fw_merge_from_config
 
     method = config.get("merge_method") if isinstance(config, dict) else config.merge_method
-    try:
-        from . import fw
-    except ImportError as err:  # pragma: no cover - fw.py ships with the package
-        raise NotImplementedError(f"merge_method {method!r} needs hf_stable.merging.fw ({err})") from None
-    fn = getattr(fw, "fw_merge_from_config", None)
-    if fn is None:
-        raise NotImplementedError(
-            f"merge_method {method!r} is data-driven and handled by hf_stable.merging.fw.fw_merge_from_config, "
-            "which is not available"
-        )
-    accepted = set(inspect.signature(fn).parameters)
-    defaults = {"memory_budget": None, "dry_run": False, "diagnose": False, "allow_pickle": None, "read_threads": None}
-    call = {}
-    for key, value in kwargs.items():
-        if key in accepted:
-            call[key] = value
-        elif value != defaults.get(key, value):
-            raise NotImplementedError(
-                f"merge_method {method!r}: {key}={value!r} is not supported by hf_stable.merging.fw"
+    engine_only = dict(memory_budget=None, dry_run=False, diagnose=False, allow_pickle=None, read_threads=None)
+    for key, default in engine_only.items():
+        value = kwargs.pop(key, default)
+        if value != default:
+            raise ValueError(
+                f"merge_method {method!r}: {key}={value!r} applies to the streaming engine only; FW-Merging "
+                "materialises the model to take gradients (see docs/merging.md, fw_merging)"
             )
     recipe = config.to_dict() if isinstance(config, MergeConfig) else config
-    return fn(recipe, out_dir, **call)
+    return fw_merge_from_config(recipe, out_dir, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------- execution

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         _check_args(args, parser)
         return run(args)
-    except (MergeCLIError, ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as err:
+    except (MergeCLIError, ValueError, FileNotFoundError, FileExistsError) as err:
         if os.environ.get("HF_STABLE_DEBUG"):  # the full traceback, for bug reports
             raise
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
