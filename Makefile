@@ -7,7 +7,7 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: demo test test-fast bench docs lint experiments clean
+.PHONY: demo test test-fast bench bench-merge docs lint experiments clean
 
 # torch is pinned in the same pip command as everything else: this machine has a CPU wheel of 2.13.0 on disk, and an
 # unpinned torch would pull a multi-GB CUDA build.
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sft_overhead.py
 	$(BIN)/python benchmarks/grpo_overhead.py
 	$(BIN)/python benchmarks/adapters_overhead.py
+
+# Against mergekit (installed on first use into .venv-mergekit). The small size takes minutes; the docs' table is
+# `--size 350m --n 2 4 8 --repeats 1` (about 6.5 GB of disk, 15 minutes).
+bench-merge: $(STAMP)
+	$(BIN)/python benchmarks/merge_vs_mergekit.py --size small --repeats 2 --output-name merge_vs_mergekit_small
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
