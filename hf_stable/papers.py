@@ -267,5 +267,73 @@ PAPERS = {
             2024,
             "Maini, Pratyush and Feng, Zhili and Schwarzschild, Avi and Lipton, Zachary C. and Kolter, J. Zico",
         ),
+        # Model merging (hf_stable.merging; docs/merging.md).
+        _arxiv(
+            "model_soups",
+            "Model soups: averaging weights of multiple fine-tuned models improves accuracy without increasing "
+            "inference time",
+            "2203.05482",
+            2022,
+            "Wortsman, Mitchell and Ilharco, Gabriel and Gadre, Samir Yitzhak and Roelofs, Rebecca and "
+            "Gontijo-Lopes, Raphael and Morcos, Ari S. and Namkoong, Hongseok and Farhadi, Ali and Carmon, Yair and "
+            "Kornblith, Simon and Schmidt, Ludwig",
+        ),
+        _arxiv(
+            "task_arithmetic",
+            "Editing Models with Task Arithmetic",
+            "2212.04089",
+            2022,
+            "Ilharco, Gabriel and Ribeiro, Marco Tulio and Wortsman, Mitchell and Gururangan, Suchin and Schmidt, "
+            "Ludwig and Hajishirzi, Hannaneh and Farhadi, Ali",
+        ),
+        _arxiv(
+            "ties",
+            "TIES-Merging: Resolving Interference When Merging Models",
+            "2306.01708",
+            2023,
+            "Yadav, Prateek and Tam, Derek and Choshen, Leshem and Raffel, Colin and Bansal, Mohit",
+        ),
+        _arxiv(
+            "dare",
+            "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch",
+            "2311.03099",
+            2023,
+            "Yu, Le and Yu, Bowen and Yu, Haiyang and Huang, Fei and Li, Yongbin",
+        ),
+        _arxiv(
+            "fisher_rao_merging",
+            "Functionality-Oriented LLM Merging on the Fisher-Rao Manifold",
+            "2603.04972",
+            2026,
+            "Wang, Jiayu and Ye, Zuojun and Yin, Wenpeng",
+        ),
+        _arxiv(
+            "wsm",
+            "WSM: Decay-Free Learning Rate Schedule via Checkpoint Merging for LLM Pre-training",
+            "2507.17634",
+            2025,
+        ),
+        _arxiv(
+            "fw_merging",
+            "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization",
+            "2503.12649",
+            2025,
+            "Chen, Hao Mark and others",
+        ),
     )
+}
+
+# Merge methods (`hf_stable.merging`) → the PAPERS keys they cite (model cards, docs).
+MERGE_METHOD_PAPERS = {
+    "linear": ("model_soups",),
+    "task_arithmetic": ("task_arithmetic",),
+    "ties": ("ties",),
+    "dare_linear": ("dare",),
+    "dare_ties": ("dare", "ties"),
+    "fisher_rao": ("fisher_rao_merging",),
+    "karcher": ("fisher_rao_merging",),
+    "nre": ("fisher_rao_merging",),
+    "nre_unit": ("fisher_rao_merging",),
+    "wsm": ("wsm",),
+    "fw_merging": ("fw_merging",),
 }

@@ -87,31 +87,6 @@ To reproduce the merge: `hf-stable merge {{ recipe_file }} ./merged`.
 ```
 {% endfor %}{% endif %}"""
 
-# Used when the methods registry is unavailable or has no paper for a method: (title, arXiv id, year).
-_PAPERS = {
-    "linear": (
-        "Model soups: averaging weights of multiple fine-tuned models improves accuracy without increasing "
-        "inference time",
-        "2203.05482",
-        2022,
-    ),
-    "task_arithmetic": ("Editing Models with Task Arithmetic", "2212.04089", 2022),
-    "ties": ("TIES-Merging: Resolving Interference When Merging Models", "2306.01708", 2023),
-    "dare_linear": (
-        "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch",
-        "2311.03099",
-        2023,
-    ),
-    "fisher_rao": ("Fisher–Rao merging (Wang, Ye and Yin)", "2603.04972", 2026),
-    "wsm": (
-        "WSM: Decay-Free Learning Rate Schedule via Checkpoint Merging for LLM Pre-training",
-        "2507.17634",
-        2025,
-    ),
-}
-_PAPERS["dare_ties"] = _PAPERS["dare_linear"]
-_PAPERS["karcher"] = _PAPERS["fisher_rao"]
-
 # Labels of the diagnostics summary keys (`hf_stable.merging.diagnostics.summary`), in display order.
 DIAGNOSTIC_LABELS = {
     "n_tensors": "tensors analysed",
@@ -213,7 +188,8 @@ def parents(config: Any) -> list[str]:
 
 
 def method_info(name: str) -> tuple[str, list[str]]:
-    """`(markdown paragraph, bibtex entries)` for a merge method: registry description and paper, else our table."""
+    """`(markdown paragraph, bibtex entries)` for a merge method: registry description and paper (else the first of
+    its `hf_stable.papers.MERGE_METHOD_PAPERS`), and the BibTeX of every paper it cites."""
     description, paper, url = "", "", ""
     try:
         from hf_stable.merging.methods import MERGE_METHODS
@@ -222,15 +198,13 @@ def method_info(name: str) -> tuple[str, list[str]]:
         description, paper, url = entry.description, entry.paper, entry.url
     except (ImportError, ValueError):
         pass
-    fallback = _PAPERS.get(name)
-    citations = []
-    if fallback is not None:
-        title, arxiv, year = fallback
-        paper = paper or title
-        url = url or f"https://arxiv.org/abs/{arxiv}"
-        from hf_stable.papers import _arxiv
+    from hf_stable.papers import MERGE_METHOD_PAPERS, PAPERS
 
-        citations.append(_arxiv(re.sub(r"\W", "", name), title, arxiv, year).bibtex)
+    cited = [PAPERS[key] for key in MERGE_METHOD_PAPERS.get(name, ())]
+    citations = [p.bibtex for p in cited]
+    if cited:
+        paper = paper or cited[0].short
+        url = url or cited[0].url
     text = f"`merge_method: {name}`."
     if description:
         text += f" {description.rstrip('.')}."

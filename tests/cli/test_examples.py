@@ -36,3 +36,24 @@ def test_unlearn_example_config_parses(path):
     assert script_args.tinytofu_seed is not None or script_args.dataset_name
     assert args.output_dir and args.use_cpu and not args.bf16
     assert args.unlearn_method in ("simnpo", "pdu")
+
+
+MERGE_CONFIGS = sorted(
+    glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "configs", "merge_*.yaml"))
+)
+
+
+def test_there_are_merge_recipes():
+    assert len(MERGE_CONFIGS) >= 2
+
+
+@pytest.mark.parametrize("path", MERGE_CONFIGS, ids=os.path.basename)
+def test_merge_recipe_parses(path):
+    # The recipes name placeholder checkpoint folders, so only parsing and method/parameter validation run here.
+    from hf_stable.merging.config import MergeConfig
+
+    config = MergeConfig.from_yaml(path)
+    method = config.validate()
+    assert method is not None and method.name == config.merge_method
+    assert len(config.models) >= 2
+    assert MergeConfig.from_yaml(config.to_yaml()).to_dict() == config.to_dict()
