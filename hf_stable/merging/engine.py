@@ -29,6 +29,8 @@ import torch
 from . import plan as planner
 from ._copy import copy_side_files
 from .config import DATA_DRIVEN_METHODS, MergeConfig, load_recipe_dict
+from .gram import accumulate_gram
+from .gram import gram as tile_gram
 from .io.reader import SafetensorsReader, torch_dtype
 from .io.writer import OutputSpec, StreamingSafetensorsWriter
 from .merge_plan import MergePlan, TensorPlan, build_plan, compute_work, quantile_chunk_work
@@ -423,22 +425,14 @@ class _Compute:
         last = job.tile == len(tp.tiles) - 1
 
         if job.phase == "gram":  # pass 1 of the two-pass Gram: accumulate, solve after the last tile
-            vd = v.double()
-            g = vd @ vd.T
-            state.gram = g if state.gram is None else state.gram + g
-            del vd
+            state.gram = accumulate_gram(state.gram, v)
             if last:
                 state.coefficients = self._solve(tp, state.gram)
             return None
 
         if tp.kind == "gram":
             if state.coefficients is None:  # one-pass: the whole tensor is this tile (or no Gram needed)
-                gram = None
-                if tp.needs_gram:
-                    vd = v.double()
-                    gram = vd @ vd.T
-                    del vd
-                state.coefficients = self._solve(tp, gram)
+                state.coefficients = self._solve(tp, tile_gram(v) if tp.needs_gram else None)
             from .methods.base import apply_coefficients
 
             merged = apply_coefficients(v, state.coefficients, base)

@@ -220,3 +220,14 @@ def test_slerp_coefficients_mergekit_conventions():
     assert torch.equal(slerp_coefficients(gram(near), 0.3), torch.tensor([0.7, 0.3], dtype=D64))
     with pytest.raises(ValueError, match="exactly 2"):
         slerp_coefficients(torch.eye(3, dtype=D64), 0.5)
+
+
+def test_gram_in_column_chunks_equals_the_direct_product(monkeypatch):
+    """The fp64 Gram is accumulated over column chunks (bounded fp64 copy); it must equal x xᵀ in fp64."""
+    import hf_stable.merging.gram as gram_module
+
+    x = torch.randn(5, 1003, generator=torch.Generator().manual_seed(0))
+    direct = x.double() @ x.double().T
+    monkeypatch.setattr(gram_module, "GRAM_CHUNK", 100)
+    assert torch.allclose(gram_module.gram(x), direct, rtol=1e-13, atol=0)
+    assert torch.allclose(gram_module.gram_of_chunks([x[:, :500], x[:, 500:]]), direct, rtol=1e-13, atol=0)
