@@ -435,7 +435,7 @@ class _Compute:
                 state.coefficients = self._solve(tp, tile_gram(v) if tp.needs_gram else None)
             from .methods.base import apply_coefficients
 
-            merged = apply_coefficients(v, state.coefficients, base)
+            merged = apply_coefficients(v, state.coefficients, base, inplace=not self.diagnose)
         else:
             if job.tile == 0 and tp.thresholds is not None:
                 state.thresholds = self._thresholds(tp, v)

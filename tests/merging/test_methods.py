@@ -373,3 +373,17 @@ def test_unbuilt_options_are_refused_not_ignored():
     get_merge_method("fisher_rao").validate({"granularity": "tensor"}, 2, False)
     with pytest.raises(ValueError, match="space"):
         get_merge_method("slerp").validate({"space": "task_vector"}, 2, True)
+
+
+def test_apply_coefficients_in_place_is_bitwise_equal_to_the_out_of_place_form():
+    """The engine scales its private tile buffer in place (no temporaries); the roundings must not change."""
+    from hf_stable.merging.methods import apply_coefficients
+
+    g = torch.Generator().manual_seed(0)
+    v, base = torch.randn(5, 1001, generator=g), torch.randn(1001, generator=g)
+    c = torch.rand(5, dtype=torch.float64, generator=g)
+    expected = apply_coefficients(v, c, base)
+    work = v.clone()
+    assert torch.equal(apply_coefficients(work, c, base, inplace=True), expected)
+    assert not torch.equal(work, v)  # the buffer was used as scratch
+    assert torch.equal(apply_coefficients(v.clone(), c, None, inplace=True), apply_coefficients(v, c))

@@ -288,24 +288,29 @@ def gather_params(
     return weights, params
 
 
-def apply_coefficients(v: torch.Tensor, coefficients: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
+def apply_coefficients(
+    v: torch.Tensor, coefficients: torch.Tensor, base: torch.Tensor | None = None, *, inplace: bool = False
+) -> torch.Tensor:
     """`[base +] Σ_i c_i v_i`, elementwise in float32 with a fixed summation order (bitwise tiling-invariant).
 
     Args:
         v: `(N, n)` float32 (any float dtype is upcast).
         coefficients: `(N,)` (float64 from `coefficients`; cast to float32 here).
         base: `(n,)` or None; added last.
+        inplace: scale the rows of a float32 `v` in place and accumulate into `v[0]` (the engine's private tile
+            buffer): no temporaries, and the same roundings as the out-of-place form, so the result is bitwise equal.
 
     Returns:
         `(n,)` float32.
     """
     # Separate multiply and add (never `add_(..., alpha=)`): a fused multiply-add in the vectorised body but not in
     # the scalar tail of a torch kernel would make an element's rounding depend on its position in the tile.
+    inplace = inplace and v.dtype == torch.float32
     v = v.float()
     c = coefficients.to(torch.float32).tolist()
-    out = v[0] * c[0]
+    out = v[0].mul_(c[0]) if inplace else v[0] * c[0]
     for i in range(1, len(c)):
-        out.add_(v[i] * c[i])
+        out.add_(v[i].mul_(c[i]) if inplace else v[i] * c[i])
     if base is not None:
         out.add_(base.float())
     return out
