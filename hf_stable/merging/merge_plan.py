@@ -254,14 +254,9 @@ def build_plan(
     from .methods import get_merge_method
     from .methods.base import gather_params
 
-    method = get_merge_method(config.merge_method)
+    method = config.validate()  # unknown method, bad global parameters, a missing base model: before any I/O
     global0 = method.resolve(config.resolve_params("", None, None, None))
     has_base = config.base_model is not None
-    if method.requires_base(global0) and not has_base:
-        raise ValueError(
-            f"merge_method {config.merge_method!r} needs base_model (it merges task vectors θ_i − θ_base); add "
-            "`base_model:` to the recipe"
-        )
     space = method.space(global0, has_base)
     uses_base = space == "task_vector"
     input_refs = config.input_models(uses_base=uses_base)
