@@ -48,6 +48,8 @@ def main(script_args, training_args, model_args, dataset_args):
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    # main-process-only work above (card, push) must finish before any rank tears the process group down
+    trainer.accelerator.wait_for_everyone()
     trainer.end()
 
 
