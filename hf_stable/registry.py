@@ -1,76 +1,230 @@
-"""Name -> method registries, one per family.
+"""Name -> method registries, one per family, where each method is **declared once**.
 
-Every method hf_stable implements is a pure function registered under a snake_case name with the paper it comes
-from, in the style of mergekit's ``@merge_method`` decorator and verl's ``register_policy_loss``. Configs validate
-their string fields against these registries, so a typo fails early with the list of valid names.
+A declaration holds everything hf_stable knows about a method, so nothing else has to repeat it:
+
+- the callable (a pure function, or a class for stateful methods such as reward-weight controllers);
+- the config fields it reads ([`Field`]: name as the user spells it, default, help, validator, and the keyword the
+  callable takes), from which the trainers' config dataclasses *generate* their fields ([`declare_fields`]);
+- the host (TRL/transformers) options it reads (``reads``), honours (``honours``) or needs set a certain way
+  (``requires``), so a config refuses a combination by name instead of silently ignoring an option;
+- its paper (a [`~hf_stable.papers.Paper`]), used by model cards and the docs' paper index.
+
+Trainers dispatch on declarations: ``method = REGISTRY.get(args.<selector>)`` then
+``method(..., **method.params_from(args))``; they keep no per-method table. This follows verl's
+``register_adv_est`` (an estimator reads its own config, ``verl/trainer/ppo/core_algos.py``) and PEFT's config-field
+metadata (``is_lora_variant``, ``peft/tuners/lora/config.py``).
 
 This module imports nothing heavy: it is loaded by ``import hf_stable``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from ._validation import Check, check_choice
+
+
+@dataclass(frozen=True)
+class Field:
+    """A config field that a method reads.
+
+    Args:
+        name: the config field, as the user spells it (``"sgrpo_noise_p"``).
+        default: its default, which reproduces the paper.
+        help: one line for ``--help`` and the generated docstring.
+        check: validator ``check(name, value)`` from [`hf_stable._validation`]; ``None`` accepts any value of ``type``.
+        param: the keyword the method's callable takes (``"noise_p"``); ``None`` when the callable does not take it
+            and its host reads it by name (e.g. a loss mode's normaliser choice).
+        type: the annotation of the generated dataclass field; inferred from ``default`` when left out.
+    """
+
+    name: str
+    default: Any
+    help: str
+    check: Check | None = None
+    param: str | None = None
+    type: Any = None
+
+    def annotation(self) -> Any:
+        if self.type is not None:
+            return self.type
+        if self.default is None:
+            raise TypeError(f"Field {self.name!r} has default None: give its `type`.")
+        return type(self.default)
+
+
+@dataclass(frozen=True)
+class Requires:
+    """A host option that must satisfy ``ok(value)`` while the method is active; ``why`` says what to set instead."""
+
+    option: str
+    ok: Callable[[Any], bool]
+    why: str
 
 
 @dataclass(frozen=True)
 class Method:
-    """A registered method: the callable plus what a user needs to find its source."""
+    """A registered method: its callable and declaration."""
 
     name: str
     family: str
     fn: Callable[..., Any]
-    paper: str
-    url: str
+    paper: Any  # a `hf_stable.papers.Paper`, or a plain description for methods without one (e.g. "nll")
     description: str = ""
-    defaults: dict[str, Any] = field(default_factory=dict)
+    fields: tuple[Field, ...] = ()
+    reads: Mapping[str, str] = field(default_factory=dict)  # callable keyword -> host option it takes its value from
+    requires: tuple[Requires, ...] = ()
+    honours: tuple[str, ...] = ()  # host options this method applies (documentation and the option-coverage test)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # family-specific metadata (e.g. a loss mode's scheme)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
 
+    @property
+    def url(self) -> str:
+        return getattr(self.paper, "url", None) or self.extra.get("url", "")
+
+    @property
+    def paper_text(self) -> str:
+        return getattr(self.paper, "short", None) or str(self.paper or "")
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """``{callable keyword: default}`` of the declared fields."""
+        legacy = {k: v for k, v in self.extra.items() if k != "url"}  # until every family declares `fields`
+        return {**legacy, **{f.param: f.default for f in self.fields if f.param is not None}}
+
+    def params_from(self, args: Any) -> dict[str, Any]:
+        """The keyword arguments of the callable, read from a config (the method reads its own config)."""
+        params = {f.param: getattr(args, f.name) for f in self.fields if f.param is not None}
+        params.update({param: getattr(args, option) for param, option in self.reads.items()})
+        return params
+
+    def settings_from(self, args: Any) -> dict[str, Any]:
+        """``{config field: value}`` of the declared fields, e.g. for a model card."""
+        return {f.name: getattr(args, f.name) for f in self.fields}
+
+    def host_problems(self, args: Any) -> list[str]:
+        """The host options set in a way this method cannot honour, each with what to do instead."""
+        problems = []
+        for rule in self.requires:
+            value = getattr(args, rule.option)
+            if not rule.ok(value):
+                problems.append(f"{rule.option}={value!r} ({rule.why})")
+        return problems
+
 
 class Registry:
-    """Maps names to [`Method`]s for one family (for example ``"sft_objective"``).
+    """Maps names to [`Method`]s for one family (for example ``"advantage_estimator"``).
+
+    ``selector`` is the config field that picks the family's method (defaults to the family name); ``builtin`` lists
+    selector values handled by the host itself (e.g. ``loss_mode="ppo"`` is TRL's own surrogate).
 
     Example:
     ```python
-    >>> SFT_OBJECTIVES = Registry("sft_objective")
-    >>> @SFT_OBJECTIVES.register("nll", paper="Maximum likelihood", url="")
-    ... def nll(log_probs, mask): ...
-    >>> SFT_OBJECTIVES.get("nlll")
-    ValueError: Unknown sft_objective 'nlll'. Valid names: nll.
+    >>> ESTIMATORS = Registry("advantage_estimator")
+    >>> @ESTIMATORS.register("mine", paper=PAPERS["grpo"], fields=[Field("mine_tau", 1.0, "τ.", param="tau")])
+    ... def mine(rewards, lengths, num_generations, weights, tau=1.0): ...
+    >>> ESTIMATORS.get("mien")
+    ValueError: Unknown advantage_estimator 'mien'. Valid names: mine.
     ```
     """
 
-    def __init__(self, family: str, description: str = ""):
+    def __init__(
+        self, family: str, description: str = "", *, selector: str | None = None, builtin: Iterable[str] = ()
+    ):
         self.family = family
         self.description = description
+        self.selector = selector or family
+        self.builtin = tuple(builtin)
         self._methods: dict[str, Method] = {}
         _FAMILIES[family] = self
 
-    def register(self, name: str, *, paper: str, url: str, description: str = "", **defaults) -> Callable:
+    def register(
+        self,
+        name: str,
+        *,
+        paper: Any = None,
+        description: str = "",
+        fields: Iterable[Field] = (),
+        reads: Mapping[str, str] | None = None,
+        requires: Iterable[Requires] = (),
+        honours: Iterable[str] = (),
+        **extra,
+    ) -> Callable:
         """Decorator registering ``fn`` under ``name``; re-registering a name is an error."""
 
         def decorator(fn: Callable) -> Callable:
-            if name in self._methods:
+            if name in self._methods or name in self.builtin:
                 raise ValueError(f"{self.family} '{name}' is already registered.")
-            self._methods[name] = Method(name, self.family, fn, paper, url, description, dict(defaults))
+            self._methods[name] = Method(
+                name,
+                self.family,
+                fn,
+                paper,
+                description,
+                tuple(fields),
+                dict(reads or {}),
+                tuple(requires),
+                tuple(honours),
+                dict(extra),
+            )
             return fn
 
         return decorator
 
     def get(self, name: str) -> Method:
-        """The method called ``name``; raises ``ValueError`` listing the valid names otherwise."""
+        """The method called ``name``; raises ``ValueError`` naming the selector and listing the valid names."""
         try:
             return self._methods[name]
         except (KeyError, TypeError):
-            raise ValueError(f"Unknown {self.family} {name!r}. Valid names: {', '.join(self.names())}.") from None
+            raise ValueError(
+                f"Unknown {self.selector} {name!r}. Valid names: {', '.join(self.choices())}."
+            ) from None
+
+    def choices(self) -> list[str]:
+        """Every value the selector accepts: the host's built-ins, then the registered names."""
+        return [*self.builtin, *self._methods]
 
     def names(self) -> list[str]:
         return list(self._methods)
+
+    def fields(self) -> list[Field]:
+        """Every declared field of the family, once each (a field shared by several methods is declared once)."""
+        seen: dict[str, Field] = {}
+        for method in self:
+            for f in method.fields:
+                if f.name in seen and seen[f.name] != f:
+                    raise TypeError(f"{self.family}: field {f.name!r} is declared twice with different settings.")
+                seen[f.name] = f
+        return list(seen.values())
+
+    def readers(self, field_name: str) -> list[Method]:
+        """The methods that read config field ``field_name``."""
+        return [m for m in self if any(f.name == field_name for f in m.fields)]
+
+    def active(self, args: Any) -> Method | None:
+        """The method the config selects, or ``None`` for a host built-in (or no selector value)."""
+        name = getattr(args, self.selector)
+        return None if name is None or name in self.builtin else self.get(name)
+
+    def validate(self, args: Any) -> None:
+        """Check the selector, every declared field, and the active method's host requirements."""
+        check_choice(self.selector, getattr(args, self.selector), self.choices())
+        for f in self.fields():
+            if f.check is not None:
+                f.check(f.name, getattr(args, f.name))
+        method = self.active(args)
+        if method is not None:
+            problems = method.host_problems(args)
+            if problems:
+                raise ValueError(f"{self.selector}={method.name!r} cannot be combined with: {'; '.join(problems)}.")
 
     def __contains__(self, name: object) -> bool:
         return name in self._methods
@@ -80,6 +234,67 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._methods)
+
+
+METHOD_KEY = "hf_stable_family"  # dataclass-field metadata: the registry family a generated field belongs to
+
+
+def declare_fields(*registries: Registry) -> Callable[[type], type]:
+    """Class decorator, applied *below* ``@dataclass``: add every field the registries' methods declare.
+
+    Each becomes an ordinary dataclass field with ``metadata={"help": ..., METHOD_KEY: family}``, so
+    ``HfArgumentParser``/``TrlParser``, YAML configs and ``--help`` see it like a hand-written one, and the
+    class docstring gains a generated section listing them per method.
+    """
+
+    def decorate(cls: type) -> type:
+        annotations = dict(inspect.get_annotations(cls))
+        doc = []
+        for registry in registries:
+            for f in registry.fields():
+                if f.name in annotations:
+                    raise TypeError(f"{cls.__name__}.{f.name} comes from {registry.family}: remove it.")
+                annotations[f.name] = f.annotation()
+                default = (
+                    dataclasses.field(default_factory=lambda v=f.default: list(v))
+                    if isinstance(f.default, list)
+                    else dataclasses.field(default=f.default)
+                )
+                default.metadata = {"help": f.help.replace("%", "%%"), METHOD_KEY: registry.family}
+                setattr(cls, f.name, default)
+            doc.append(_doc_section(registry))
+        cls.__annotations__ = annotations
+        cls.__doc__ = (cls.__doc__ or "") + "".join(doc)
+        return cls
+
+    return decorate
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _doc_section(registry: Registry) -> str:
+    lines = [f"\n        > Fields declared by the `{registry.selector}` methods ({registry.description})\n"]
+    for method in registry:
+        for f in method.fields:
+            if registry.readers(f.name)[0] is not method:
+                continue  # shared fields are listed once, under their first reader
+            readers = ", ".join(f"`{m.name}`" for m in registry.readers(f.name))
+            lines.append(
+                f"        {f.name} (`{_type_name(f.annotation())}`, *optional*, defaults to `{f.default!r}`):\n"
+                f"            {f.help} Read by {readers}.\n"
+            )
+    return "\n" + "".join(lines)
+
+
+def declared_field_names(config_cls: type) -> dict[str, str]:
+    """``{field name: registry family}`` of the fields ``declare_fields`` generated on ``config_cls``."""
+    return {
+        f.name: f.metadata[METHOD_KEY] for f in dataclasses.fields(config_cls) if METHOD_KEY in (f.metadata or {})
+    }
 
 
 _FAMILIES: dict[str, Registry] = {}
@@ -127,6 +342,19 @@ def list_methods(family: str | None = None, file: TextIO | None = None) -> dict[
     for registry in families:
         print(f"{registry.family}:", file=out)
         for method in registry:
-            print(f"  {method.name:<22} {method.paper}  <{method.url}>", file=out)
+            print(f"  {method.name:<22} {method.paper_text}  <{method.url}>", file=out)
         listing[registry.family] = registry.names()
     return listing
+
+
+__all__ = [
+    "METHOD_KEY",
+    "Field",
+    "Method",
+    "Registry",
+    "Requires",
+    "declare_fields",
+    "declared_field_names",
+    "get_registry",
+    "list_methods",
+]
