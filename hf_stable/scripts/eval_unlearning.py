@@ -93,6 +93,8 @@ def _check(args) -> None:
     check_number("mia_k", args.mia_k, low=0, high=1, low_open=True)
     if args.retain_model and args.retain_logs_path:
         raise ValueError("Give `retain_model` or `retain_logs_path`, not both.")
+    if args.retain_logs_path is not None and not os.path.isfile(args.retain_logs_path):
+        raise FileNotFoundError(f"`retain_logs_path` {args.retain_logs_path!r} is not a file.")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise FileNotFoundError(f"`data_dir` {args.data_dir!r} is not a folder.")
     args.metric_names = _metrics(args.metrics, args.benchmark)
@@ -147,6 +149,12 @@ def run(args) -> dict:
     from hf_stable.evaluation.suites import summarize
 
     output_dir = args.output_dir or f"eval_{args.benchmark}"
+    if args.no_progress or not sys.stderr.isatty():  # the libraries' own bars too (loading weights, data)
+        import datasets
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     model, tokenizer = _load(args.model, args, args.tokenizer or args.model)
     options = _options(args, tokenizer)
     retain_logs = read_logs(args.retain_logs_path) if args.retain_logs_path else None
