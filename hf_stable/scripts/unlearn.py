@@ -55,6 +55,9 @@ class UnlearnScriptArguments:
         if self.benchmark is not None:  # names and local files checked here, before any process is launched
             from hf_stable.evaluation.benchmarks import check_unlearn_benchmark_args
 
+            if self.dataset_name is not None or self.tinytofu_seed is not None:
+                raise ValueError("Give `benchmark` or `dataset_name` / `tinytofu_seed`, not both.")
+
             retain = None if self.retain_split == "retain" else self.retain_split
             check_unlearn_benchmark_args(
                 self.benchmark, self.forget_split, retain, self.data_dir, self.benchmark_prompt_format
