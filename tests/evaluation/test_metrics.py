@@ -223,3 +223,22 @@ def test_mia_auc_uses_open_unlearnings_labels():
     pairs = [(h > f) + 0.5 * (h == f) for f in (0.1, 0.2) for h in (0.5, 0.15, 0.9)]
     assert M.mia_auc(forget, holdout) == pytest.approx(float(sum(pairs)) / len(pairs))
     assert M.mia_auc(torch.tensor([0.1, 0.2]), torch.tensor([0.5, 0.6])) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.booleans(), min_size=1, max_size=8), min_size=1, max_size=5))
+def test_tokenwise_mask_keeps_all_but_the_last(rows):
+    width = max(len(r) for r in rows)
+    mask = torch.tensor([r + [False] * (width - len(r)) for r in rows])
+    kept = M.tokenwise_mask(mask)
+    assert (kept <= mask).all()
+    assert kept.sum(-1).tolist() == [max(int(m.sum()) - 1, 0) for m in mask]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 120), st.lists(st.floats(0, 120), min_size=1, max_size=5))
+def test_probability_with_options_is_a_probability(correct, wrong):
+    p = float(M.probability_with_options(torch.tensor([correct]), torch.tensor([wrong]))[0])
+    assert 0 <= p <= 1
+    if correct <= min(wrong):  # the correct answer is at least as likely as every wrong one
+        assert p >= 1 / (1 + len(wrong)) - 1e-6

@@ -118,3 +118,25 @@ def test_muse_suite(tmp_path):
         expected = [scorer.score(r["ground_truth"], r["generation"])["rougeL"].fmeasure for r in rows]
         assert logs[name]["agg_value"] == pytest.approx(np.mean(expected))
     assert logs["privleak"]["agg_value"] == pytest.approx((0.5 - logs["mia_min_k"]["agg_value"]) / 0.5 * 100)
+
+
+def test_model_utility_is_the_harmonic_mean_of_nine_nonzero_parts(tmp_path, monkeypatch):
+    """A random tiny model generates no words, so its ROUGE parts are 0 and the mean is trivially 0. Here generation
+    returns the first word of each reference answer (ROUGE-L recall 1/5): the composition is checked on nine non-zero
+    values against SciPy."""
+    stats = pytest.importorskip("scipy.stats")
+    import hf_stable.evaluation.suites as suites
+
+    def first_words(model, tokenizer, examples, **kwargs):
+        return [tokenizer.decode([t for t in e["labels"] if t != -100], skip_special_tokens=True).split()[0]
+                for e in examples]  # fmt: skip
+
+    monkeypatch.setattr(suites, "generate_answers", first_words)
+    folder = write_tofu(tmp_path / "tofu")
+    model, tok = build_tiny_model(seed=1)
+    logs = evaluate_tofu(model, tok, data_dir=str(folder), metrics=["model_utility"],
+                         options=EvalOptions(chat=True, progress=False))  # fmt: skip
+    parts = [logs[p]["agg_value"] for p in UTILITY_PARTS]
+    assert all(v > 0 for v in parts), parts
+    assert logs["retain_Q_A_ROUGE"]["agg_value"] == pytest.approx(0.2)  # 1 of the 5 tokens of "retain fact i is d"
+    assert logs["model_utility"]["agg_value"] == pytest.approx(float(stats.hmean(parts)), rel=1e-9)
