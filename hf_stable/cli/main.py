@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in TRAINING_COMMANDS:
+        from ..evaluation.benchmarks import BenchmarkArgumentError
         from .launch import run_training_command
 
         try:
             return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
-        except (ValueError, FileNotFoundError) as err:  # a bad flag, found while parsing: one line, no traceback
+        except BenchmarkArgumentError as err:  # a bad benchmark name or folder, found while parsing: one line
             if os.environ.get("HF_STABLE_DEBUG"):
                 raise
             print(f"hf-stable {args.command}: error: {err}", file=sys.stderr)

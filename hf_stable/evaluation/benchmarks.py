@@ -154,20 +154,27 @@ def tofu_holdout_of(forget_split: str) -> str:
     return "holdout" + re.sub(r"\D", "", forget_split)
 
 
+class BenchmarkArgumentError(ValueError):
+    """A bad ``--benchmark`` / ``--forget_split`` / ``--data_dir`` of ``hf-stable unlearn``: the CLI prints it as one
+    line, before launching any process."""
+
+
 def check_unlearn_benchmark_args(benchmark, forget_split, retain_split=None, data_dir=None, prompt_format="plain"):
     """Early checks for ``hf-stable unlearn --benchmark``: names and the local files, so a typo fails at parse time
-    with one line instead of inside the launched training processes."""
-    check_choice("benchmark", benchmark, ("tofu",), where="hf-stable unlearn")
-    check_choice("forget_split", forget_split, TOFU_FORGET_SPLITS)
-    check_choice("benchmark_prompt_format", prompt_format, ("plain", "chat"))
-    if retain_split is not None:
-        check_choice("retain_split", retain_split, [c for c in TOFU_SCHEMAS if c.startswith("retain")])
-    if data_dir is not None:
-        for config in (forget_split, retain_split or TOFU_RETAIN_OF[forget_split]):
-            if _find(_local_dir(data_dir), config) is None:
-                raise FileNotFoundError(
-                    f"TOFU configuration {config!r} not found in {data_dir}: expected {config}.json."
-                )
+    with one line instead of inside the launched training processes. Raises [`BenchmarkArgumentError`]."""
+    try:
+        check_choice("benchmark", benchmark, ("tofu",), where="hf-stable unlearn")
+        check_choice("forget_split", forget_split, TOFU_FORGET_SPLITS)
+        check_choice("benchmark_prompt_format", prompt_format, ("plain", "chat"))
+        if retain_split is not None:
+            check_choice("retain_split", retain_split, [c for c in TOFU_SCHEMAS if c.startswith("retain")])
+        if data_dir is not None:
+            for config in (forget_split, retain_split or TOFU_RETAIN_OF[forget_split]):
+                if _find(_local_dir(data_dir), config) is None:
+                    raise FileNotFoundError(f"TOFU configuration {config!r} not found in {data_dir}: expected "
+                                            f"{config}.json.")  # fmt: skip
+    except (ValueError, FileNotFoundError) as err:
+        raise BenchmarkArgumentError(str(err)) from err
 
 
 def _qa_row(question: str, answer: str, prompt_format: str) -> dict:

@@ -35,7 +35,8 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics",
         default="default",
-        help="Comma-separated metric names, `default` (open-unlearning's default set) or `all`. "
+        help="Comma-separated metric names, `default` (open-unlearning's default set) or `all` (with "
+        "mia_reference only given --reference_model). "
         f"TOFU: {', '.join(TOFU_METRICS)}. MUSE: {', '.join(MUSE_METRICS)}.",
     )
     p.add_argument("--retain_model", default=None, help="A model trained without the forget set: evaluated too, it "
@@ -64,14 +65,14 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _metrics(text: str, benchmark: str) -> list[str]:
+def _metrics(text: str, benchmark: str, with_reference: bool) -> list[str]:
     from hf_stable.evaluation.suites import MUSE_DEFAULT, MUSE_METRICS, TOFU_DEFAULT, TOFU_METRICS
 
     default, allowed = (TOFU_DEFAULT, TOFU_METRICS) if benchmark == "tofu" else (MUSE_DEFAULT, MUSE_METRICS)
     if text == "default":
         return list(default)
-    if text == "all":
-        return [m for m in allowed if m != "mia_reference"]
+    if text == "all":  # mia_reference only with a reference model
+        return [m for m in allowed if m != "mia_reference" or with_reference]
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in names if m not in allowed]
     if unknown or not names:
@@ -93,11 +94,15 @@ def _check(args) -> None:
     check_number("mia_k", args.mia_k, low=0, high=1, low_open=True)
     if args.retain_model and args.retain_logs_path:
         raise ValueError("Give `retain_model` or `retain_logs_path`, not both.")
+    for flag in ("model", "retain_model", "reference_model", "tokenizer"):  # a local path, not a Hub id: must exist
+        name = getattr(args, flag)
+        if name and (os.path.isabs(name) or name.startswith((".", "~"))) and not os.path.isdir(name):
+            raise FileNotFoundError(f"`{flag}` {name!r} is not a folder.")
     if args.retain_logs_path is not None and not os.path.isfile(args.retain_logs_path):
         raise FileNotFoundError(f"`retain_logs_path` {args.retain_logs_path!r} is not a file.")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise FileNotFoundError(f"`data_dir` {args.data_dir!r} is not a folder.")
-    args.metric_names = _metrics(args.metrics, args.benchmark)
+    args.metric_names = _metrics(args.metrics, args.benchmark, bool(args.reference_model))
     if "mia_reference" in args.metric_names and not args.reference_model:
         raise ValueError("`mia_reference` needs `reference_model`.")
 

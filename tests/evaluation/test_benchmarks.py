@@ -8,6 +8,7 @@ from conftest import write_tofu
 
 from hf_stable.evaluation.benchmarks import (
     TOFU_SCHEMAS,
+    BenchmarkArgumentError,
     load_muse,
     load_tofu,
     tofu_holdout_of,
@@ -77,7 +78,7 @@ def test_unlearning_datasets_for_the_trainer(tofu_dir):
     assert chat[0]["completion"] == [{"role": "assistant", "content": "forget fact 0 is 0."}]
     (tofu_dir / "holdout10.json").unlink()  # older snapshots have no holdout files: optional here
     assert unlearning_datasets("tofu", "forget10", data_dir=str(tofu_dir))[2] is None
-    with pytest.raises(FileNotFoundError, match=re.escape("'retain95' not found")):
+    with pytest.raises(BenchmarkArgumentError, match=re.escape("'retain95' not found")):
         unlearning_datasets("tofu", "forget10", data_dir=str(tofu_dir), retain_split="retain95")
     with pytest.raises(ValueError, match=re.escape("`forget_split`='forget20' is not valid")):
         unlearning_datasets("tofu", "forget20", data_dir=str(tofu_dir))

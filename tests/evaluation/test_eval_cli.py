@@ -58,6 +58,7 @@ def test_eval_unlearning_muse_report(tmp_path, tiny_model_dir, muse_dir):
         (["--batch_size", "0"], "`batch_size` must be an integer in [1, inf), got 0"),
         (["--retain_model", "a", "--retain_logs_path", "b"], "not both"),
         (["--retain_logs_path", "/nonexistent.json"], "`retain_logs_path` '/nonexistent.json' is not a file"),
+        (["--retain_model", "/nonexistent/retain"], "`retain_model` '/nonexistent/retain' is not a folder"),
     ],
 )
 def test_eval_unlearning_expected_failures_are_one_line(tmp_path, tiny_model_dir, tofu_dir, capsys, extra, message):
