@@ -5,6 +5,7 @@ hf-stable sft --config examples/configs/sft_prob.yaml [--accelerate_config ddp|z
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable merge examples/configs/merge_ties.yaml OUT [--dry-run] [--diagnose] [--push-to-hub REPO]
+hf-stable eval-unlearning --model ./unlearned --benchmark tofu --forget_split forget10 --retain_model ./retain90
 hf-stable demo [--output_dir demo_output]
 hf-stable list [--family sft_objective]
 ```
@@ -13,6 +14,7 @@ hf-stable list [--family sft_objective]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -33,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "merge", help="Merge models from a recipe (streaming engine); --help lists every flag", add_help=False
     )
+    sub.add_parser(
+        "eval-unlearning", help="open-unlearning's TOFU/MUSE metrics on a model (--help for flags)", add_help=False
+    )
     demo = sub.add_parser("demo", help="End-to-end demo on the bundled tiny model (minutes on a CPU)")
     demo.add_argument("--output_dir", default="demo_output")
     demo.add_argument("--quick", action="store_true", help="A shorter run (for smoke tests)")
@@ -46,13 +51,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in TRAINING_COMMANDS:
+        from ..evaluation.benchmarks import BenchmarkArgumentError
         from .launch import run_training_command
 
-        return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
+        try:
+            return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
+        except BenchmarkArgumentError as err:  # a bad benchmark name or folder, found while parsing: one line
+            if os.environ.get("HF_STABLE_DEBUG"):
+                raise
+            print(f"hf-stable {args.command}: error: {err}", file=sys.stderr)
+            return 1
     if args.command == "merge":
         from ..scripts.merge import main as merge_main
 
         return merge_main(argv[argv.index("merge") + 1 :], prog="hf-stable merge")
+    if args.command == "eval-unlearning":
+        from ..scripts.eval_unlearning import main as eval_main
+
+        return eval_main(argv[argv.index("eval-unlearning") + 1 :], prog="hf-stable eval-unlearning")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "demo":

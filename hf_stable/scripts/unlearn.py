@@ -8,6 +8,7 @@ hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable unlearn --model_name_or_path ./model --dataset_name ./my_data --forget_split forget --retain_split retain \
     --unlearn_method simnpo --output_dir out
 hf-stable unlearn --tinytofu_seed 0 --unlearn_method simnpo --output_dir out      # the offline TinyTOFU benchmark
+hf-stable unlearn --model_name_or_path ./model --benchmark tofu --forget_split forget10 --data_dir TOFU --output_dir o
 ```
 Every `TrainingArguments`/`ModelConfig` flag works; `UnlearningConfig` adds `unlearn_method`, `retain_loss_type`, ....
 After training the script evaluates (forget / retain / holdout metrics), writes `unlearning_report.json` and a model
@@ -32,6 +33,10 @@ class UnlearnScriptArguments:
         holdout_split (`str`, *optional*): never-trained rows of the same form (evaluation, collapse guard).
         tinytofu_seed (`int`, *optional*): use the offline TinyTOFU benchmark of this seed instead: its data, and its
             full model (trained and cached on first use) unless `model_name_or_path` is given.
+        benchmark (`str`, *optional*): `tofu`: forget `forget_split` (e.g. `forget10`) and keep its retain set
+            (`retain90`), read from `data_dir` (a folder of the Hub's `<config>.json` files) or the Hub.
+        data_dir (`str`, *optional*): that folder.
+        benchmark_prompt_format (`str`, defaults to `"plain"`): `plain` ("Question: ...\nAnswer: ") or `chat`.
         evaluate (`bool`, defaults to `True`): run `evaluate_unlearning` after training.
     """
 
@@ -41,10 +46,23 @@ class UnlearnScriptArguments:
     retain_split: str = field(default="retain", metadata={"help": "Split with the rows to keep."})
     holdout_split: str | None = field(default=None, metadata={"help": "Split with never-trained rows."})
     tinytofu_seed: int | None = field(default=None, metadata={"help": "Use TinyTOFU (offline) with this seed."})
+    benchmark: str | None = field(default=None, metadata={"help": "A benchmark's data by name: `tofu`."})
+    data_dir: str | None = field(default=None, metadata={"help": "Local folder of the benchmark files."})
+    benchmark_prompt_format: str = field(default="plain", metadata={"help": "Benchmark rows: `plain` or `chat`."})
     evaluate: bool = field(default=True, metadata={"help": "Evaluate forgetting and utility after training."})
 
     def __post_init__(self):
-        if self.tinytofu_seed is None and self.dataset_name is None:
+        if self.benchmark is not None:  # names and local files checked here, before any process is launched
+            from hf_stable.evaluation.benchmarks import check_unlearn_benchmark_args
+
+            if self.dataset_name is not None or self.tinytofu_seed is not None:
+                raise ValueError("Give `benchmark` or `dataset_name` / `tinytofu_seed`, not both.")
+
+            retain = None if self.retain_split == "retain" else self.retain_split
+            check_unlearn_benchmark_args(
+                self.benchmark, self.forget_split, retain, self.data_dir, self.benchmark_prompt_format
+            )
+        elif self.tinytofu_seed is None and self.dataset_name is None:
             raise ValueError("Give `dataset_name` (with forget/retain splits) or `tinytofu_seed`.")
 
 
@@ -60,6 +78,17 @@ def _load(script_args, model_args):
             model, tokenizer = train_tinytofu(data, "full", seed=script_args.tinytofu_seed)[0], data.tokenizer
         evaluation = {"world": data.world_eval, "relearn": data.relearn, "relearn_test": data.relearn_eval}
         return model, tokenizer, data.forget, data.retain, data.holdout_eval, evaluation, data
+    if script_args.benchmark is not None:
+        from hf_stable.evaluation.benchmarks import unlearning_datasets
+
+        forget, retain, holdout, _ = unlearning_datasets(
+            script_args.benchmark,
+            script_args.forget_split,
+            data_dir=script_args.data_dir,
+            retain_split=None if script_args.retain_split == "retain" else script_args.retain_split,
+            prompt_format=script_args.benchmark_prompt_format,
+        )
+        return model_args.model_name_or_path, None, forget, retain, holdout, {}, None
     from datasets import load_dataset, load_from_disk
 
     name = script_args.dataset_name
@@ -110,7 +139,8 @@ def main(script_args, training_args, model_args):
         merged = os.path.join(training_args.output_dir, "merged")
         merge_and_export(trainer.accelerator.unwrap_model(trainer.model), merged, tokenizer=trainer.processing_class)
     # main process only; says what was unlearned and the metrics, never the forget rows or a token
-    trainer.create_model_card(dataset_name=script_args.dataset_name or "tinytofu", metrics=report)
+    name = script_args.dataset_name or ("locuslab/TOFU" if script_args.benchmark == "tofu" else "tinytofu")
+    trainer.create_model_card(dataset_name=name, metrics=report)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub()
