@@ -15,7 +15,10 @@ import sys
 
 
 TARGET = "peft.config"
-VARIANT_KEYS = ("use_map", "use_sine")
+# The one list of hf_stable's LoRA variants: name -> the `StableLoraConfig` switch (`is_lora_variant`) that selects it.
+# Kept here because this module must not import peft; `hf_stable.adapters` derives everything else from it.
+ADAPTER_VARIANTS = {"map": "use_map", "sine": "use_sine"}
+VARIANT_KEYS = tuple(ADAPTER_VARIANTS.values())
 
 
 def _wrap(config_module) -> None:

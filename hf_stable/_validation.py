@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "Check",
+    "boolean",
     "check_bool",
     "check_choice",
     "check_int",
@@ -23,6 +24,7 @@ __all__ = [
     "check_number",
     "check_pattern",
     "choice",
+    "integer",
     "is_number",
     "number",
 ]
@@ -159,4 +161,24 @@ def choice(*allowed: Any) -> Check:
         check_choice(name, value, allowed, where=where)
 
     check.describe = " | ".join(repr(a) for a in allowed)  # type: ignore[attr-defined]
+    return check
+
+
+def integer(**bounds) -> Check:
+    """A check for an integer field, e.g. ``integer(low=1, allow_none=True)``."""
+
+    def check(name: str, value: Any, where: str | None = None) -> None:
+        check_int(name, value, where=where, **bounds)
+
+    check.describe = _bounds(bounds.get("low"), bounds.get("high"), False, False)  # type: ignore[attr-defined]
+    return check
+
+
+def boolean(allow_none: bool = False) -> Check:
+    """A check for a true/false field."""
+
+    def check(name: str, value: Any, where: str | None = None) -> None:
+        check_bool(name, value, allow_none=allow_none, where=where)
+
+    check.describe = "true | false"  # type: ignore[attr-defined]
     return check

@@ -1,4 +1,4 @@
-"""Model cards for checkpoints hf_stable trains (merged and unlearned models get their own sections later).
+"""Model cards for checkpoints hf_stable trains (merged models have their own, in `hf_stable.merging.card`).
 
 The metadata follows TRL's `generate_model_card` (`trl/trainer/utils.py`): `base_model` only when it is a Hub id,
 `library_name: transformers`, `generated_from_trainer` plus the trainer's tags. The body says which hf_stable method
@@ -76,6 +76,53 @@ class TrainingCard:
     tags: list[str]
     citations: list[str] = field(default_factory=list)
     example_prompt: str = "Hello"
+
+
+@dataclass
+class CardSections:
+    """Parts of a card's body: method lines, settings, papers and tags. Trainers build them from the active declared
+    methods ([`method_sections`]) plus their own `_card_sections()`, then [`write_training_card`] renders them."""
+
+    lines: list[str] = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    papers: list = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+
+    def extend(self, other: CardSections) -> CardSections:
+        self.lines += other.lines
+        self.settings.update(other.settings)
+        self.papers += [p for p in other.papers if p not in self.papers]
+        self.tags += other.tags
+        return self
+
+    def method_text(self) -> str:
+        papers = "\n".join(f"Paper: [{p.title}]({p.url})." for p in self.papers)
+        return "\n".join(self.lines) + (f"\n\n{papers}" if papers else "")
+
+
+def method_sections(args, registries) -> CardSections:
+    """The active declared methods of ``registries`` on config ``args``: one line each (selector value, description,
+    paper), their settings (``Method.settings_from``), papers and tags. A selector left at ``None`` (off) and a
+    switch left off are not listed; a host built-in (e.g. `advantage_estimator="grpo"`) is listed by value."""
+    from .papers import Paper
+
+    out = CardSections()
+    for registry in registries:
+        value = getattr(args, registry.selector)
+        method = registry.active(args)
+        if value is None or (registry.is_switch and method is None):
+            continue
+        out.settings[registry.selector] = value
+        line = f"- {registry.selector}: `{value}`"
+        if method is not None:
+            line += f" — {method.description}" if method.description else ""
+            out.settings.update(method.settings_from(args))
+            if isinstance(method.paper, Paper):
+                line += f" ({method.paper.short})"
+                out.papers += [method.paper] if method.paper not in out.papers else []
+                out.tags.append(method.name)
+        out.lines.append(line)
+    return out
 
 
 def _versions() -> list[tuple[str, str]]:

@@ -166,6 +166,14 @@ PAPERS = {
             "Yunpu and Li, Wenjie and Shen, Xiaoyu",
         ),
         _arxiv(
+            "constrained_rlhf",
+            "Confronting Reward Model Overoptimization with Constrained RLHF",
+            "2310.04373",
+            2023,
+            "Moskovitz, Ted and Singh, Aaditya K. and Strouse, DJ and Sandholm, Tuomas and Salakhutdinov, Ruslan and "
+            "Dragan, Anca D. and McAleer, Stephen",
+        ),
+        _arxiv(
             "brme",
             "Reward-Robust RLHF in LLMs",
             "2409.15360",

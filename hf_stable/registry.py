@@ -59,13 +59,22 @@ class Field:
         return type(self.default)
 
 
+_UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<unset>"})()
+
+
 @dataclass(frozen=True)
 class Requires:
-    """A host option that must satisfy ``ok(value)`` while the method is active; ``why`` says what to set instead."""
+    """A host option that must satisfy ``ok(value)`` while the method is active; ``why`` says what to set instead.
+
+    ``fix`` is a value that satisfies it (set by ``Registry.activation``); with ``when``, the rule binds only for
+    configs where ``when(args)`` holds (e.g. an option that is redundant under one of the method's own settings).
+    """
 
     option: str
     ok: Callable[[Any], bool]
     why: str
+    fix: Any = _UNSET
+    when: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class Method:
     requires: tuple[Requires, ...] = ()
     honours: tuple[str, ...] = ()  # host options this method applies (documentation and the option-coverage test)
     extra: Mapping[str, Any] = field(default_factory=dict)  # family-specific metadata (e.g. a loss mode's scheme)
+    example: Mapping[str, Any] = field(default_factory=dict)  # config values a minimal run needs besides the selector
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -114,6 +124,8 @@ class Method:
         """The host options set in a way this method cannot honour, each with what to do instead."""
         problems = []
         for rule in self.requires:
+            if rule.when is not None and not rule.when(args):
+                continue
             value = getattr(args, rule.option)
             if not rule.ok(value):
                 problems.append(f"{rule.option}={value!r} ({rule.why})")
@@ -124,7 +136,11 @@ class Registry:
     """Maps names to [`Method`]s for one family (for example ``"advantage_estimator"``).
 
     ``selector`` is the config field that picks the family's method (defaults to the family name); ``builtin`` lists
-    selector values handled by the host itself (e.g. ``loss_mode="ppo"`` is TRL's own surrogate).
+    selector values handled by the host itself (e.g. ``loss_mode="ppo"`` is TRL's own surrogate; ``None`` for "off").
+
+    A *switch* family (``enable`` given) has one method, turned on by any selector value other than ``None``/``False``
+    (e.g. ``stable_rank_reward=True``, or ``delta_l_alpha=0.75``, which the method also reads); ``enable`` is a value
+    that turns it on, and ``selector_check`` validates the selector's value.
 
     Example:
     ```python
@@ -137,14 +153,27 @@ class Registry:
     """
 
     def __init__(
-        self, family: str, description: str = "", *, selector: str | None = None, builtin: Iterable[str] = ()
+        self,
+        family: str,
+        description: str = "",
+        *,
+        selector: str | None = None,
+        builtin: Iterable[Any] = (),
+        enable: Any = None,
+        selector_check: Check | None = None,
     ):
         self.family = family
         self.description = description
         self.selector = selector or family
         self.builtin = tuple(builtin)
+        self.enable = enable
+        self.selector_check = selector_check
         self._methods: dict[str, Method] = {}
         _FAMILIES[family] = self
+
+    @property
+    def is_switch(self) -> bool:
+        return self.enable is not None
 
     def register(
         self,
@@ -156,13 +185,16 @@ class Registry:
         reads: Mapping[str, str] | None = None,
         requires: Iterable[Requires] = (),
         honours: Iterable[str] = (),
+        example: Mapping[str, Any] | None = None,
         **extra,
     ) -> Callable:
         """Decorator registering ``fn`` under ``name``; re-registering a name is an error."""
 
-        def decorator(fn: Callable) -> Callable:
+        def decorator(fn: Callable | None) -> Callable | None:
             if name in self._methods or name in self.builtin:
                 raise ValueError(f"{self.family} '{name}' is already registered.")
+            if self.is_switch and self._methods:
+                raise ValueError(f"{self.family} is a switch ({self.selector}): it holds one method.")
             self._methods[name] = Method(
                 name,
                 self.family,
@@ -174,23 +206,37 @@ class Registry:
                 tuple(requires),
                 tuple(honours),
                 dict(extra),
+                dict(example or {}),
             )
             return fn
 
         return decorator
+
+    def declare(self, name: str, **declaration) -> None:
+        """Declare a method the trainer computes itself (no callable), e.g. ``sft_objective="auto"``, which resolves
+        to another objective: its fields, requirements and paper are declared like any other method's."""
+        self.register(name, **declaration)(None)
 
     def get(self, name: str) -> Method:
         """The method called ``name``; raises ``ValueError`` naming the selector and listing the valid names."""
         try:
             return self._methods[name]
         except (KeyError, TypeError):
-            raise ValueError(
-                f"Unknown {self.selector} {name!r}. Valid names: {', '.join(self.choices())}."
-            ) from None
+            valid = ", ".join(str(choice) for choice in self.choices() or self._methods)
+            raise ValueError(f"Unknown {self.selector} {name!r}. Valid names: {valid}.") from None
 
-    def choices(self) -> list[str]:
-        """Every value the selector accepts: the host's built-ins, then the registered names."""
-        return [*self.builtin, *self._methods]
+    def choices(self) -> list[Any]:
+        """Every value the selector accepts: the host's built-ins, then the registered names (a switch's selector
+        takes values, not names: ``[]``)."""
+        return [] if self.is_switch else [*self.builtin, *self._methods]
+
+    def activation(self, name: str) -> dict[str, Any]:
+        """The config values that make method ``name`` active and runnable: its selector value, the ``fix`` of each
+        host requirement, and its ``example`` values, e.g. ``{"delta_l_alpha": 1.0, "loss_type": "dr_grpo"}``."""
+        method = self.get(name)
+        values = {self.selector: self.enable if self.is_switch else name}
+        values.update({rule.option: rule.fix for rule in method.requires if rule.fix is not _UNSET and not rule.when})
+        return {**values, **method.example}
 
     def names(self) -> list[str]:
         return list(self._methods)
@@ -211,12 +257,18 @@ class Registry:
 
     def active(self, args: Any) -> Method | None:
         """The method the config selects, or ``None`` for a host built-in (or no selector value)."""
-        name = getattr(args, self.selector)
-        return None if name is None or name in self.builtin else self.get(name)
+        value = getattr(args, self.selector)
+        if self.is_switch:
+            return None if value is None or value is False else next(iter(self._methods.values()))
+        return None if value is None or value in self.builtin else self.get(value)
 
     def validate(self, args: Any) -> None:
         """Check the selector, every declared field, and the active method's host requirements."""
-        check_choice(self.selector, getattr(args, self.selector), self.choices())
+        if self.is_switch:
+            if self.selector_check is not None:
+                self.selector_check(self.selector, getattr(args, self.selector))
+        else:
+            check_choice(self.selector, getattr(args, self.selector), self.choices())
         for f in self.fields():
             if f.check is not None:
                 f.check(f.name, getattr(args, f.name))
@@ -224,7 +276,8 @@ class Registry:
         if method is not None:
             problems = method.host_problems(args)
             if problems:
-                raise ValueError(f"{self.selector}={method.name!r} cannot be combined with: {'; '.join(problems)}.")
+                chosen = getattr(args, self.selector)
+                raise ValueError(f"{self.selector}={chosen!r} cannot be combined with: {'; '.join(problems)}.")
 
     def __contains__(self, name: object) -> bool:
         return name in self._methods
@@ -236,35 +289,42 @@ class Registry:
         return len(self._methods)
 
 
-METHOD_KEY = "hf_stable_family"  # dataclass-field metadata: the registry family a generated field belongs to
+METHOD_KEY = "__hf_stable_fields__"  # class attribute: {generated field name: the registry family it comes from}
 
 
 def declare_fields(*registries: Registry) -> Callable[[type], type]:
     """Class decorator, applied *below* ``@dataclass``: add every field the registries' methods declare.
 
-    Each becomes an ordinary dataclass field with ``metadata={"help": ..., METHOD_KEY: family}``, so
-    ``HfArgumentParser``/``TrlParser``, YAML configs and ``--help`` see it like a hand-written one, and the
-    class docstring gains a generated section listing them per method.
+    Each becomes an ordinary dataclass field with ``metadata={"help": ...}``, so ``HfArgumentParser``/``TrlParser``,
+    YAML configs and ``--help`` see it like a hand-written one, and the class docstring gains a generated section
+    listing them per method. ``{field: family}`` is kept in the class attribute ``METHOD_KEY``.
     """
 
     def decorate(cls: type) -> type:
         annotations = dict(inspect.get_annotations(cls))
-        doc = []
+        doc, generated = [], {}
+        families = dict(getattr(cls, METHOD_KEY, {}))
         for registry in registries:
             for f in registry.fields():
+                if generated.get(f.name) == f:
+                    continue  # one field read by methods of several families (e.g. the correctness reward)
                 if f.name in annotations:
                     raise TypeError(f"{cls.__name__}.{f.name} comes from {registry.family}: remove it.")
+                generated[f.name] = f
                 annotations[f.name] = f.annotation()
                 default = (
                     dataclasses.field(default_factory=lambda v=f.default: list(v))
                     if isinstance(f.default, list)
                     else dataclasses.field(default=f.default)
                 )
-                default.metadata = {"help": f.help.replace("%", "%%"), METHOD_KEY: registry.family}
+                # only argparse keywords in the metadata: `HfArgumentParser` passes it to `add_argument`
+                default.metadata = {"help": f.help.replace("%", "%%")}
                 setattr(cls, f.name, default)
+                families[f.name] = registry.family
             doc.append(_doc_section(registry))
         cls.__annotations__ = annotations
         cls.__doc__ = (cls.__doc__ or "") + "".join(doc)
+        setattr(cls, METHOD_KEY, families)
         return cls
 
     return decorate
@@ -292,9 +352,7 @@ def _doc_section(registry: Registry) -> str:
 
 def declared_field_names(config_cls: type) -> dict[str, str]:
     """``{field name: registry family}`` of the fields ``declare_fields`` generated on ``config_cls``."""
-    return {
-        f.name: f.metadata[METHOD_KEY] for f in dataclasses.fields(config_cls) if METHOD_KEY in (f.metadata or {})
-    }
+    return dict(getattr(config_cls, METHOD_KEY, {}))
 
 
 _FAMILIES: dict[str, Registry] = {}
@@ -305,7 +363,8 @@ _METHOD_MODULES = (
     "hf_stable.losses.advantages",
     "hf_stable.losses.aggregation",
     "hf_stable.losses.policy",
-    "hf_stable.losses.reward_weighting",
+    "hf_stable.losses.reward_control",
+    "hf_stable.callbacks.snr_lr",
     "hf_stable.losses.unlearning",
     "hf_stable.trainers._unlearn_methods",
     "hf_stable.rewards",

@@ -56,8 +56,10 @@ def _toy_registry(family: str) -> Registry:
     registry.register(
         "scaled",
         paper="A paper",
-        fields=[Field("scaled_tau", 1.0, "τ in (0, 10].", check=number(low=0, high=10, low_open=True), param="tau"),
-                shared],
+        fields=[
+            Field("scaled_tau", 1.0, "τ in (0, 10].", check=number(low=0, high=10, low_open=True), param="tau"),
+            shared,
+        ],
         reads={"scale": "host_scale"},
         requires=[Requires("host_beta", lambda v: v == 0, "set host_beta=0")],
     )(lambda x, tau, scale: x * tau)
@@ -117,3 +119,101 @@ def test_a_declared_field_cannot_be_written_twice():
         @declare_fields(registry)
         class Config:
             scaled_tau: float = 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The shipped SFT/GRPO families: every declaration is reachable, consistent with its callable, and dispatched to
+
+
+def _shipped():
+    from hf_stable import StableGRPOConfig, StableSFTConfig
+    from hf_stable.losses.sft import SFT_OBJECTIVES, SFT_THRESHOLDS
+    from hf_stable.trainers.grpo_config import GRPO_REGISTRIES
+    from hf_stable.trainers.sft_config import SFT_REGISTRIES
+
+    grpo = {"num_generations": 4, "per_device_train_batch_size": 4}
+    cases = [(StableGRPOConfig, registry, grpo, {}) for registry in GRPO_REGISTRIES]
+    cases += [(StableSFTConfig, registry, {}, {}) for registry in SFT_REGISTRIES]
+    # `threshold_kind` selects within `sft_objective="threshold"`
+    cases.append((StableSFTConfig, SFT_THRESHOLDS, {}, SFT_OBJECTIVES.activation("threshold")))
+    return cases
+
+
+def _build(config_cls, tmp_path, **values):
+    return config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **values)
+
+
+def test_every_registered_name_is_reachable_from_a_config(tmp_path):
+    """Each registered method of the SFT/GRPO families becomes the active one of a config built from its declaration
+    (`Registry.activation`), and the config's `params_from` gives its callable every keyword it declares."""
+    from hf_stable.losses.sft import SFT_OBJECTIVES, SFT_THRESHOLDS
+
+    seen = 0
+    for config_cls, registry, base, outer in _shipped():
+        for method in registry:
+            config = _build(config_cls, tmp_path, **{**base, **outer, **registry.activation(method.name)})
+            if registry is SFT_THRESHOLDS:  # dispatched by the threshold objective's `kind`
+                assert SFT_OBJECTIVES.get("threshold").params_from(config)["kind"] == method.name
+            else:
+                assert registry.active(config) is method, (registry.family, method.name)
+            assert set(method.params_from(config)) == {f.param for f in method.fields if f.param} | set(method.reads)
+            seen += 1
+    assert seen >= 25
+
+
+def test_declared_fields_match_the_callables():
+    """Every declared keyword is a parameter of the method's callable, with the same default where the callable has
+    one; every declared default passes its own check; every host option read or required exists on the config."""
+    import dataclasses
+    import inspect
+
+    for config_cls, registry, _, _ in _shipped():
+        options = {f.name for f in dataclasses.fields(config_cls)}
+        for method in registry:
+            for f in method.fields:
+                if f.check is not None:
+                    f.check(f.name, f.default)
+            assert set(method.reads.values()) <= options and {r.option for r in method.requires} <= options
+            if method.fn is None:
+                continue
+            fn = method.fn.__init__ if isinstance(method.fn, type) else method.fn
+            params = inspect.signature(fn).parameters
+            for keyword, default in [(f.param, f.default) for f in method.fields if f.param] + [
+                (k, inspect.Parameter.empty) for k in method.reads
+            ]:
+                assert keyword in params, f"{registry.family} {method.name}: {keyword} is not a parameter"
+                if params[keyword].default is not inspect.Parameter.empty and default is not inspect.Parameter.empty:
+                    assert params[keyword].default == default, (registry.family, method.name, keyword)
+
+
+TRAINER_MODULES = ("grpo.py", "sft.py", "_sft_probe.py", "_sft_data.py", "_base.py")
+CONFIG_MODULES = ("grpo_config.py", "sft_config.py")
+
+
+def test_no_trainer_holds_a_per_method_table():
+    """Trainers dispatch through the registries: no literal table (dict/set/list/tuple) naming two or more registered
+    methods anywhere in the SFT/GRPO trainer and config modules, and no comparison of a selector with a method name in
+    the trainer modules (the config modules may state a composition rule by name)."""
+    import ast
+    from pathlib import Path
+
+    import hf_stable.trainers as package
+
+    names = {m.name for _, registry, _, _ in _shipped() for m in registry}
+    selectors = {registry.selector for _, registry, _, _ in _shipped()}
+    folder = Path(package.__file__).parent
+
+    def named(node):  # a selector compared with a method name: a per-method branch
+        if not any(isinstance(n, ast.Attribute) and n.attr in selectors for n in ast.walk(node)):
+            return set()
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names}
+
+    for module in TRAINER_MODULES + CONFIG_MODULES:
+        tree = ast.parse((folder / module).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Dict, ast.Set, ast.List, ast.Tuple)):
+                elements = node.keys if isinstance(node, ast.Dict) else node.elts
+                found = {e.value for e in elements if isinstance(e, ast.Constant) and e.value in names}
+                assert len(found) < 2, f"{module}:{node.lineno} holds a method table {sorted(found)}"
+            if module in TRAINER_MODULES and isinstance(node, ast.Compare):
+                assert not named(node), f"{module}:{node.lineno} compares with {sorted(named(node))}"

@@ -3,7 +3,7 @@ majority-vote pseudo-label reward.
 
 Expected values are independent of the implementation: constructed matrices of known rank, `torch.linalg.svdvals`
 in float64, a separate unpadded forward of the tiny model, binomial bounds on flip counts, and hand-worked groups.
-Spec: `specs/grpo_variants.md` §5 (SR-GRPO), §2 (noise for S-GRPO), §12 (majority vote).
+Papers: SR-GRPO (arXiv 2512.02807), S-GRPO's reward-flip model (arXiv 2508.05928).
 """
 
 from __future__ import annotations

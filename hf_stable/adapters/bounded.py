@@ -24,11 +24,6 @@ def sine_delta(a: torch.Tensor, b: torch.Tensor, scaling: float, freq: float, ga
     return scaling * torch.sin(freq * (b.float() @ a.float())) / gain
 
 
-def sine_entry_bound(scaling: float, gain: float) -> float:
-    """Analytic bound on every entry of the sine update: `|ΔW_ij| ≤ s / g`."""
-    return scaling / gain
-
-
 def sine_gain(config, in_features: int) -> float:
     g = getattr(config, "sine_g", "sqrt_in")
     return math.sqrt(in_features) if g == "sqrt_in" else float(g)
@@ -36,6 +31,8 @@ def sine_gain(config, in_features: int) -> float:
 
 class SineLinearVariant(LoraVariant):
     """PEFT variant implementing the sine-bounded update on `nn.Linear` LoRA layers."""
+
+    name = "sine"
 
     def supports_lora_conversion(self) -> bool:
         return False  # sin(ωBA) is not low rank

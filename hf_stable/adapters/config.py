@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from peft import LoraConfig
 
+from .._peft_hook import ADAPTER_VARIANTS, VARIANT_KEYS
 
-OWN_VARIANTS = ("use_map", "use_sine")
+
 MAP_SCALE_WARNING = "have no effect under MAP"
 
 
@@ -57,7 +58,7 @@ class StableLoraConfig(LoraConfig):
             )
         if variant and self.lora_bias:
             raise ValueError(f"`lora_bias=True` is not supported with `use_{variant}`.")
-        others = [name for name in _requested_peft_variants(self) if name not in ("use_dora", *OWN_VARIANTS)]
+        others = [name for name in _requested_peft_variants(self) if name not in ("use_dora", *VARIANT_KEYS)]
         if variant and others:
             raise ValueError(f"`use_{variant}` cannot be combined with the PEFT variant(s) {others}.")
         if self.use_map and (self.use_rslora or self.lora_alpha != 8 or self.alpha_pattern):
@@ -111,7 +112,7 @@ class StableLoraConfig(LoraConfig):
 
     @property
     def hf_stable_variant(self) -> str | None:
-        return "map" if self.use_map else "sine" if self.use_sine else None
+        return next((name for name, key in ADAPTER_VARIANTS.items() if getattr(self, key)), None)
 
 
 def _finite(value) -> bool:

@@ -13,11 +13,13 @@ import warnings
 
 from peft.tuners.lora.layer import Linear as LoraLinear
 
+from .._peft_hook import ADAPTER_VARIANTS
 from .bounded import SineLinearVariant
 from .map import MapLinearVariant
 
 
-VARIANTS = {("use_map",): MapLinearVariant, ("use_sine",): SineLinearVariant}
+# PEFT's `lora_variants` form: (config switch,) -> variant class; each class names its variant (`ADAPTER_VARIANTS`)
+VARIANTS = {(ADAPTER_VARIANTS[cls.name],): cls for cls in (MapLinearVariant, SineLinearVariant)}
 
 
 class _StableDeltaMixin:

@@ -15,12 +15,13 @@ import shutil
 
 import torch
 
+from .._peft_hook import ADAPTER_VARIANTS, VARIANT_KEYS
+
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "adapter_config.json"
 TFB_FILE = "hf_stable_tfb.json"
-VARIANT_KEYS = ("use_map", "use_sine")
 
 
 def _read_config(path: str) -> dict:
@@ -39,7 +40,7 @@ def check_adapter(path: str) -> dict:
         would load it wrongly), ``hf_stable_version`` (that saved it) and ``peft_type``.
     """
     config = _read_config(path)
-    variants = [name for key, name in (("use_map", "map"), ("use_sine", "sine")) if config.get(key)]
+    variants = [name for name, key in ADAPTER_VARIANTS.items() if config.get(key)]
     if os.path.isfile(os.path.join(path, TFB_FILE)):
         variants.append("tfb")
     return {

@@ -84,6 +84,8 @@ class MapLinearVariant(LoraVariant):
     """PEFT variant implementing MAP (arXiv 2505.23094) on `nn.Linear`, GPT-2 `Conv1D` and bitsandbytes 4-bit LoRA
     layers."""
 
+    name = "map"
+
     def supports_lora_conversion(self) -> bool:
         return False  # W' - W0 holds the full-rank term a·W0: only merged export
 

@@ -16,6 +16,20 @@ import re
 import torch
 from transformers import TrainerCallback
 
+from .._validation import boolean, check_pattern, number
+from ..papers import PAPERS
+from ..registry import Field, Registry, Requires
+
+
+# A switch: `oblr_adaptive_lr=True` scales each optimizer step's learning rate, whatever the estimator.
+LR_SCALING = Registry(
+    "lr_scaling",
+    "per-step learning-rate factors estimated while training",
+    selector="oblr_adaptive_lr",
+    enable=True,
+    selector_check=boolean(),
+)
+
 
 def snr_estimate(grad_sum: torch.Tensor, sq_norm_sum: float, count: int) -> float | None:
     """`max(||ḡ||² - S², 0) / S²` from `n` gradient samples: `ḡ = Σg/n`, `S² = (Σ||g||² - n||ḡ||²)/(n(n-1))` (the
@@ -30,6 +44,37 @@ def snr_estimate(grad_sum: torch.Tensor, sq_norm_sum: float, count: int) -> floa
     return max(mean_sq - var, 0.0) / var
 
 
+@LR_SCALING.register(
+    "snr",
+    paper=PAPERS["oblr"],
+    description="learning rate scaled by SNR/(1+SNR) of the micro-batch gradients (OBLR-PO)",
+    fields=[
+        Field(
+            "oblr_lr_min_ratio",
+            0.1,
+            "Lower clip of the SNR learning-rate factor.",
+            check=number(low=0, high=1),
+            param="min_ratio",
+        ),
+        Field("oblr_snr_ema", 0.9, "EMA smoothing of the SNR.", check=number(low=0, high=1), param="ema"),
+        Field(
+            "oblr_snr_params",
+            None,
+            "Regex of the parameters whose gradients estimate the SNR (default: all trainable).",
+            check=check_pattern,
+            param="pattern",
+            type=str | None,
+        ),
+    ],
+    requires=[
+        Requires(
+            "gradient_accumulation_steps",
+            lambda value: value >= 2,
+            "the SNR is estimated from the micro-batch gradients of a step: set gradient_accumulation_steps >= 2",
+            fix=2,
+        )
+    ],
+)
 class MicroBatchSNR:
     """Accumulates the micro-batch gradients of the tracked parameters during one optimizer step.
 

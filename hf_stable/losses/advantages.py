@@ -21,11 +21,47 @@ import math
 
 import torch
 
+from .._validation import boolean, choice, integer, number
 from ..papers import PAPERS
-from ..registry import Registry
+from ..registry import Field, Registry, Requires
 
 
-ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "group advantage estimators (GRPO variants)")
+# "grpo" is TRL's own advantage, left untouched by the trainer ([`grpo_advantages`] is its pure equivalent).
+ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "group advantage estimators (GRPO variants)", builtin=("grpo",))
+
+# Read by the estimators and loss modes that count successes (sgrpo, maxrl, drpo, onpolicy_sft).
+CORRECTNESS_FIELDS = (
+    Field(
+        "correctness_reward_index",
+        None,
+        "Reward function that decides correctness (its column in `reward_funcs`); `None` uses the weighted sum of "
+        "all rewards.",
+        check=integer(low=0, allow_none=True),
+        param="correctness_index",
+        type=int | None,
+    ),
+    Field(
+        "success_threshold",
+        0.5,
+        "A completion is correct when that reward exceeds this value.",
+        check=number(),
+        param="success_threshold",
+    ),
+)
+# The estimators below aggregate the K rewards themselves.
+_OWN_AGGREGATION = Requires(
+    "multi_objective_aggregation",
+    lambda value: value == "sum_then_normalize",
+    "the estimator aggregates the rewards itself; keep multi_objective_aggregation='sum_then_normalize'",
+    fix="sum_then_normalize",
+)
+# ... and do not read TRL's `scale_rewards` (sgrpo does: it keeps GRPO's z-score of the weighted sum).
+_OWN_SCALE = Requires(
+    "scale_rewards",
+    lambda value: value == "group",
+    "the estimator does not read scale_rewards; leave it at 'group'",
+    fix="group",
+)
 
 # TRL's epsilon in (R - mean) / (std + eps) (`GRPOTrainer._generate_and_score_completions`)
 TRL_STD_EPS = 1e-4
@@ -96,13 +132,11 @@ def group_zscore(scores: torch.Tensor, num_generations: int, scale: str = "group
     return _finish((centred / (std + TRL_STD_EPS)).reshape(-1))
 
 
-@ADVANTAGE_ESTIMATORS.register(
-    "grpo", paper="Shao et al., DeepSeekMath (GRPO) (arXiv 2402.03300)", url="https://arxiv.org/abs/2402.03300"
-)
 def grpo_advantages(rewards, lengths, num_generations, weights, scale: str = "group"):
     """GRPO's group-normalised advantage of the weighted reward sum as TRL computes it
-    (`multi_objective_aggregation="sum_then_normalize"`), except that a group whose rewards are all equal gets
-    exactly 0 instead of TRL's amplified roundoff. (The trainer's `grpo` estimator keeps TRL's own computation.)"""
+    (`multi_objective_aggregation="sum_then_normalize"`; Shao et al., DeepSeekMath, arXiv 2402.03300), except that a
+    group whose rewards are all equal gets exactly 0 instead of TRL's amplified roundoff. The trainer's `grpo`
+    estimator keeps TRL's own computation; this pure form serves tests and experiments."""
     del lengths
     advantages = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
     return advantages, {}
@@ -128,7 +162,23 @@ def sgrpo_weights(successes: torch.Tensor, valid: torch.Tensor, noise_p: float, 
     return torch.where(valid > 1, w, torch.zeros_like(w)).float()
 
 
-@ADVANTAGE_ESTIMATORS.register("sgrpo", paper=PAPERS["sgrpo"].short, url=PAPERS["sgrpo"].url, noise_p=0.1)
+@ADVANTAGE_ESTIMATORS.register(
+    "sgrpo",
+    paper=PAPERS["sgrpo"],
+    description="noise-aware shrinkage of GRPO's advantage",
+    fields=[
+        Field(
+            "sgrpo_noise_p",
+            0.1,
+            "Assumed probability that a binary reward is flipped, in [0, 0.5). 0 gives back GRPO.",
+            check=number(low=0, high=0.5, high_open=True),
+            param="noise_p",
+        ),
+        *CORRECTNESS_FIELDS,
+    ],
+    reads={"scale": "scale_rewards"},
+    requires=[_OWN_AGGREGATION],
+)
 def sgrpo_advantages(
     rewards,
     lengths,
@@ -181,7 +231,38 @@ def maxrl_coefficient(n: int, k: int, truncation: int | None = None) -> float:
     return total
 
 
-@ADVANTAGE_ESTIMATORS.register("maxrl", paper=PAPERS["maxrl"].short, url=PAPERS["maxrl"].url)
+@ADVANTAGE_ESTIMATORS.register(
+    "maxrl",
+    paper=PAPERS["maxrl"],
+    description="maximum likelihood RL on binary correctness",
+    fields=[
+        Field(
+            "maxrl_truncation",
+            None,
+            "Compute index T of MaxRL (`None`: T = G, the maximum-likelihood end; 1: Dr. GRPO).",
+            check=integer(low=1, allow_none=True),
+            param="truncation",
+            type=int | None,
+        ),
+        Field(
+            "maxrl_baseline",
+            "mean",
+            '`"mean"` (group mean baseline) or `"none"`.',
+            check=choice("mean", "none"),
+            param="baseline",
+        ),
+        Field(
+            "maxrl_adv_clip",
+            None,
+            "Bound on |A| (a lone success among G gets G-1).",
+            check=number(low=0, low_open=True, allow_none=True),
+            param="adv_clip",
+            type=float | None,
+        ),
+        *CORRECTNESS_FIELDS,
+    ],
+    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+)
 def maxrl_advantages(
     rewards,
     lengths,
@@ -224,7 +305,21 @@ def maxrl_advantages(
     return _finish(advantages.reshape(-1)), metrics
 
 
-@ADVANTAGE_ESTIMATORS.register("dvao", paper=PAPERS["dvao"].short, url=PAPERS["dvao"].url, sigma_power=1.0)
+@ADVANTAGE_ESTIMATORS.register(
+    "dvao",
+    paper=PAPERS["dvao"],
+    description="variance-adaptive multi-reward advantage",
+    fields=[
+        Field(
+            "dvao_sigma_power",
+            1.0,
+            "Exponent γ of the per-objective std in DVAO's weights.",
+            check=number(low=0),
+            param="sigma_power",
+        )
+    ],
+    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+)
 def dvao_advantages(rewards, lengths, num_generations, weights, sigma_power: float = 1.0, eps: float = 1e-6):
     """DVAO: per-objective z-scores combined with weights ∝ `b_k σ_k^γ` within each group (arXiv 2605.25604,
     formula reconstructed from the abstract; population std).
@@ -249,7 +344,29 @@ def dvao_advantages(rewards, lengths, num_generations, weights, sigma_power: flo
     return _finish(advantages.reshape(-1)), {"mean_abs_advantage": advantages.abs().mean().item()}
 
 
-@ADVANTAGE_ESTIMATORS.register("oblr", paper=PAPERS["oblr"].short, url=PAPERS["oblr"].url, norm_proxy="length")
+@ADVANTAGE_ESTIMATORS.register(
+    "oblr",
+    paper=PAPERS["oblr"],
+    description="gradient-norm-weighted baseline",
+    fields=[
+        Field(
+            "oblr_norm_proxy",
+            "length",
+            'Proxy of the per-sample gradient norm in OBLR\'s baseline: `"length"` or `"uniform"` (plain mean).',
+            check=choice("length", "uniform"),
+            param="norm_proxy",
+        ),
+        Field("oblr_loo", True, "Leave-one-out baseline.", check=boolean(), param="leave_one_out"),
+        Field(
+            "oblr_scale",
+            "none",
+            '`"none"` or `"group"` (divide by the group std).',
+            check=choice("none", "group"),
+            param="scale",
+        ),
+    ],
+    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+)
 def oblr_advantages(
     rewards,
     lengths,

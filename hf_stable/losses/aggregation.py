@@ -11,14 +11,53 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import choice, number
 from ..papers import PAPERS
-from ..registry import Registry
+from ..registry import Field, Registry, Requires
 
 
-LOSS_AGGREGATIONS = Registry("loss_aggregation", "per-sample weights on the summed token losses")
+# A switch: setting `delta_l_alpha` (the exponent α, which the method reads) turns ΔL on.
+LOSS_AGGREGATIONS = Registry(
+    "loss_aggregation",
+    "per-sample weights on the summed token losses",
+    selector="delta_l_alpha",
+    enable=1.0,
+    selector_check=number(low=0, allow_none=True),
+)
 
 
-@LOSS_AGGREGATIONS.register("delta_l", paper=PAPERS["delta_l"].short, url=PAPERS["delta_l"].url, alpha=1.0)
+@LOSS_AGGREGATIONS.register(
+    "delta_l",
+    paper=PAPERS["delta_l"],
+    description="ΔL normalisation: per-sample weights `L_i^-α / mean L^-α` on the advantages",
+    fields=[
+        Field(
+            "delta_l_scope",
+            "batch",
+            "Normalise ΔL weights over the batch (reference) or within each group.",
+            check=choice("batch", "group"),
+            param="scope",
+        ),
+        Field(
+            "delta_l_max_weight",
+            None,
+            "Cap on a ΔL weight.",
+            check=number(low=0, low_open=True, allow_none=True),
+            param="max_weight",
+            type=float | None,
+        ),
+    ],
+    reads={"alpha": "delta_l_alpha"},
+    requires=[
+        Requires(
+            "loss_type",
+            lambda value: value == "dr_grpo",
+            "`delta_l_alpha` multiplies the advantages by length weights and needs the constant normaliser of "
+            "loss_type='dr_grpo', or lengths would be normalised twice; set loss_type='dr_grpo'",
+            fix="dr_grpo",
+        )
+    ],
+)
 def delta_l_weights(
     lengths: torch.Tensor,
     alpha: float,

@@ -1,20 +1,44 @@
-"""Policy losses beyond TRL's `loss_type`s: DRPO and on-policy SFT. Pure torch functions.
+"""Policy losses beyond TRL's `loss_type`s: DRPO and on-policy SFT. Pure torch functions, and the loss modes that
+the trainer dispatches to.
 
 TRL shuffles a generation batch before splitting it into micro-batches, so a micro-batch never holds whole groups:
 everything group-coupled (DRPO's per-sample coefficients, on-policy SFT's kept mask) is computed once per generation
 batch by the `*_coefficients` / `*_keep` functions and travels with each sample; the losses below only need the
 per-token tensors of one micro-batch.
+
+A loss mode (registered in `LOSS_MODES`) is a class built from its declared fields, with two stages:
+
+* ``advantages(rewards, weights, complete, lengths, num_generations, max_length, seq_logp_old)`` once per generation
+  batch, on the gathered `(N, K)` rewards: returns the per-sample "advantages" `(N,)` the loss reads, an optional kept
+  mask `(N,)` (completions left out of the loss) and metrics;
+* ``loss(per_token_logps, mask, advantages, old_per_token_logps, accumulation, step_tokens, max_length)`` per
+  micro-batch: returns `(loss, policy_loss, metrics)`, the loss already divided for gradient accumulation.
+
+``needs_old_logps()`` says whether the first stage needs `s_old` (a no-grad forward when TRL kept no old log-probs).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from .._validation import boolean, choice, number
 from ..papers import PAPERS
-from ..registry import Registry
+from ..registry import Field, Registry, Requires
+from .advantages import CORRECTNESS_FIELDS, success_indicator
 
 
-LOSS_MODES = Registry("loss_mode", "policy losses that replace PPO-clip")
+# "ppo" is TRL's own clipped surrogate for its `loss_type`.
+LOSS_MODES = Registry("loss_mode", "policy losses that replace PPO-clip", builtin=("ppo",))
+
+# What every loss mode here needs from the host: no reference model, no Liger kernel, TRL's advantages left alone.
+_MODE_REQUIRES = (
+    Requires("beta", lambda value: value == 0.0, "set beta=0: no reference model", fix=0.0),
+    Requires("use_liger_kernel", lambda value: not value, "Liger bypasses `_compute_loss`", fix=False),
+    Requires("advantage_estimator", lambda value: value == "grpo", "the loss mode sets its own", fix="grpo"),
+    Requires("delta_l_alpha", lambda value: value is None, "the loss mode has its own normalisation", fix=None),
+)
 
 
 def sequence_logp(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -110,7 +134,78 @@ def drpo_loss(
     return policy + penalty, {"policy_loss": policy.detach(), "kl": kl.detach(), "penalty": penalty.detach()}
 
 
-LOSS_MODES.register("drpo", paper=PAPERS["drpo"].short, url=PAPERS["drpo"].url, lam=0.1, tau=10.0)(drpo_loss)
+@LOSS_MODES.register(
+    "drpo",
+    paper=PAPERS["drpo"],
+    description="decoupled reward policy optimisation",
+    fields=[
+        Field(
+            "drpo_lambda",
+            0.1,
+            "λ of DRPO's length preference among correct answers (smaller: stronger).",
+            check=number(low=0, low_open=True),
+            param="lam",
+        ),
+        Field(
+            "drpo_tau",
+            10.0,
+            "τ of the soft-max over incorrect answers.",
+            check=number(low=0, low_open=True),
+            param="tau",
+        ),
+        Field("drpo_delta", 1e-4, "KL budget δ of the trust-region hinge.", check=number(low=0), param="delta"),
+        Field("drpo_beta", 1e3, "Hinge strength β.", check=number(low=0, low_open=True), param="beta"),
+        Field(
+            "drpo_kl_type",
+            "kl",
+            '`"kl"` or `"k3"` estimator of the KL to the sampling policy.',
+            check=choice("kl", "k3"),
+            param="kl_type",
+        ),
+        Field(
+            "drpo_neg_weighting",
+            "softmax_old",
+            '`"softmax_old"` (negatives weighted by `softmax(s_old/τ)`; one extra no-grad forward when TRL has no '
+            'old log-probs) or `"uniform"`.',
+            check=choice("softmax_old", "uniform"),
+            param="neg_weighting",
+        ),
+        *CORRECTNESS_FIELDS,
+    ],
+    requires=_MODE_REQUIRES,
+)
+@dataclass
+class DRPOMode:
+    """DRPO (arXiv 2510.04474) as a loss mode: [`drpo_coefficients`] on binary correctness (a completion cut at the
+    length budget counts as incorrect), then [`drpo_loss`] per micro-batch."""
+
+    lam: float = 0.1
+    tau: float = 10.0
+    delta: float = 1e-4
+    beta: float = 1e3
+    kl_type: str = "kl"
+    neg_weighting: str = "softmax_old"
+    correctness_index: int | None = None
+    success_threshold: float = 0.5
+
+    def needs_old_logps(self) -> bool:
+        return self.neg_weighting == "softmax_old"
+
+    def advantages(self, rewards, weights, complete, lengths, num_generations, max_length, seq_logp_old=None):
+        """`(N, K)` rewards, `(K,)` weights, `(N,)` complete/lengths/s_old -> `(G·c (N,), None, metrics)`."""
+        correct = success_indicator(rewards, weights, self.correctness_index, self.success_threshold)
+        correct = torch.where(complete | torch.isnan(correct), correct, torch.zeros_like(correct))  # cut: incorrect
+        coef, metrics = drpo_coefficients(
+            correct, lengths, num_generations, max_length, self.lam, self.tau, seq_logp_old
+        )
+        return coef * num_generations, None, metrics
+
+    def loss(self, per_token_logps, mask, advantages, old_per_token_logps, accumulation, step_tokens, max_length):
+        """`(B, T)` log-probs/mask, `(B,)` advantages -> `(loss / accumulation, policy loss, {"kl", "penalty"})`."""
+        loss, parts = drpo_loss(
+            per_token_logps, mask, advantages, old_per_token_logps, self.delta, self.beta, self.kl_type
+        )
+        return loss / accumulation, parts["policy_loss"], {"kl": parts["kl"], "penalty": parts["penalty"]}
 
 
 def onpolicy_sft_keep(correct: torch.Tensor, eos_present: torch.Tensor, require_eos: bool = True) -> torch.Tensor:
@@ -134,9 +229,53 @@ def onpolicy_sft_loss(
     return loss, {"policy_loss": loss.detach(), "kept_tokens": mask.float().sum().detach()}
 
 
-LOSS_MODES.register("onpolicy_sft", paper=PAPERS["onpolicy_sft"].short, url=PAPERS["onpolicy_sft"].url)(
-    onpolicy_sft_loss
+@LOSS_MODES.register(
+    "onpolicy_sft",
+    paper=PAPERS["onpolicy_sft"],
+    description="SFT on the model's own correct, complete samples",
+    fields=[
+        Field(
+            "osft_require_eos",
+            True,
+            "On-policy SFT drops completions cut off at `max_completion_length` (the length budget).",
+            check=boolean(),
+            param="require_eos",
+        ),
+        Field(
+            "osft_norm",
+            "tokens",
+            '`"tokens"` (mean over kept tokens of the step) or `"constant"` (per sample and `max_completion_length`).',
+            check=choice("tokens", "constant"),
+            param="norm",
+        ),
+        *CORRECTNESS_FIELDS,
+    ],
+    requires=_MODE_REQUIRES,
 )
+@dataclass
+class OnPolicySFTMode:
+    """On-policy SFT (arXiv 2602.13407) as a loss mode: keep the correct (and, with ``require_eos``, complete)
+    completions, then [`onpolicy_sft_loss`] over their tokens."""
+
+    require_eos: bool = True
+    norm: str = "tokens"
+    correctness_index: int | None = None
+    success_threshold: float = 0.5
+
+    def needs_old_logps(self) -> bool:
+        return False
+
+    def advantages(self, rewards, weights, complete, lengths, num_generations, max_length, seq_logp_old=None):
+        """`(N, K)` rewards -> `(kept as 0/1 (N,), kept (N,) bool, metrics)`."""
+        correct = success_indicator(rewards, weights, self.correctness_index, self.success_threshold)
+        keep = onpolicy_sft_keep(correct, complete, self.require_eos)
+        return keep.float(), keep, {"kept_frac": keep.float().mean().item()}
+
+    def loss(self, per_token_logps, mask, advantages, old_per_token_logps, accumulation, step_tokens, max_length):
+        """``step_tokens``: kept tokens of the optimizer step per process (TRL's `dapo` normaliser)."""
+        normalizer = step_tokens if self.norm == "tokens" else mask.shape[0] * max_length * accumulation
+        loss, parts = onpolicy_sft_loss(per_token_logps, mask, normalizer)
+        return loss, parts["policy_loss"], {}
 
 
 def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""Reward-weight controllers and reward transforms for multi-objective GRPO: pure torch functions.
+"""Reward-weight controllers and reward transforms for multi-objective GRPO: the pure torch update rules.
 
 A controller chooses the weights `w` that scalarise the K rewards (TRL's `reward_weights`) before the advantage
-estimator runs, from statistics of the previous generation batch; its state is checkpointed by the trainer. A
-transform rewrites the reward columns themselves.
+estimator runs, from statistics of the previous generation batch; a transform rewrites the reward columns themselves.
+The stateful classes built on these rules, which the trainer dispatches to, are in
+[`hf_stable.losses.reward_control`].
 
 * `static`: the user's `reward_weights`.
 * `hypervolume` (arXiv 2509.11452): a step multiplier from the hypervolume contribution of validation means.
@@ -16,17 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from ..papers import PAPERS
-from ..registry import Registry
-
-
-REWARD_WEIGHTINGS = Registry("reward_weighting", "controllers of the reward weights")
-REWARD_TRANSFORMS = Registry("reward_transform", "transforms of the reward columns")
-
-REWARD_WEIGHTINGS.register(
-    "static", paper="Linear scalarisation (TRL reward_weights)", url="https://huggingface.co/docs/trl/grpo_trainer"
-)(lambda weights: weights)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -60,9 +50,6 @@ def hypervolume_contribution(front: torch.Tensor, point: torch.Tensor, reference
     return max(0.0, hypervolume(with_point, reference) - hypervolume(front.reshape(-1, point.numel()), reference))
 
 
-@REWARD_WEIGHTINGS.register(
-    "hypervolume", paper=PAPERS["dynamic_weighting"].short, url=PAPERS["dynamic_weighting"].url
-)
 def hypervolume_step(front: torch.Tensor, point: torch.Tensor, reference: torch.Tensor):
     """One hypervolume-guided step: the meta multiplier `m = 0.5 + 1.5 tanh(HVC)` ∈ [0.5, 2) for the next update and
     the front with ``point`` added when it contributes. Objectives are maximised (flip minimised ones before).
@@ -86,9 +73,6 @@ def influence_scores(gradients: torch.Tensor) -> torch.Tensor:
     return (g @ g.T).sum(dim=1).float()
 
 
-@REWARD_WEIGHTINGS.register(
-    "gradient", paper=PAPERS["dynamic_weighting"].short, url=PAPERS["dynamic_weighting"].url, regularization=1e-5
-)
 def gradient_weight_update(weights: torch.Tensor, scores: torch.Tensor, lr: float, regularization: float = 1e-5):
     """Mirror ascent on the simplex: `w ← softmax(log w + η s / μ)` (`dynamic-reward-weighting:
     ray_trainer_optimization.py`, single η). `(K,), (K,) -> (K,)`; weights stay positive and sum to 1."""
@@ -136,7 +120,6 @@ def ctwa_covariance(
     return c, {"groups_used": usable.float().sum(0).mean().item()}
 
 
-@REWARD_WEIGHTINGS.register("ctwa", paper=PAPERS["ctwa"].short, url=PAPERS["ctwa"].url, lambda_lr=0.05, ema_tau=0.1)
 def ctwa_update(
     log_weights: torch.Tensor,
     ema: torch.Tensor | None,
@@ -170,12 +153,6 @@ def ctwa_update(
 # Lagrangian (constrained composite reward models)
 
 
-@REWARD_WEIGHTINGS.register(
-    "lagrangian",
-    paper="Moskovitz et al., Confronting Reward Model Overoptimization with Constrained RLHF (arXiv 2310.04373)",
-    url="https://arxiv.org/abs/2310.04373",
-    lr=0.01,
-)
 def lagrangian_update(
     multipliers: torch.Tensor, objective_means: torch.Tensor, thresholds: torch.Tensor, lr: float = 0.01
 ) -> torch.Tensor:
@@ -191,7 +168,6 @@ def lagrangian_update(
 # Transforms
 
 
-@REWARD_TRANSFORMS.register("brme", paper=PAPERS["brme"].short, url=PAPERS["brme"].url, lam=0.5)
 def brme_reward(head_rewards: torch.Tensor, lam: float = 0.5) -> torch.Tensor:
     """Reward-robust scalar of an ensemble: `λ·mean_h r_h + (1-λ)·min_h r_h` (Yan et al., arXiv 2409.15360; the
     nominal term is the heads' mean, our reading). NaN heads are ignored; all-NaN rows stay NaN. `(N, H) -> (N,)`."""

@@ -15,21 +15,44 @@ Reductions across micro-batches and processes are the trainer's job (see `hf_sta
 
 from __future__ import annotations
 
+import json
 import math
+import warnings
 
 import torch
 
+from .._validation import choice, integer, number
 from ..papers import PAPERS
-from ..registry import Registry
+from ..registry import Field, Registry, Requires
 
 
 SFT_OBJECTIVES = Registry("sft_objective", "per-token SFT objectives of the probability family")
-SFT_THRESHOLDS = Registry("sft_threshold", "thresholded per-token objectives (mask from the detached probability)")
-SFT_SEQUENCE_OBJECTIVES = Registry("sft_sequence_objective", "signed, length-normalised sequence objectives")
-SFT_SAMPLE_REWEIGHTING = Registry("sft_sample_reweighting", "per-sample loss weights learned while training")
+SFT_THRESHOLDS = Registry(
+    "sft_threshold",
+    "thresholded per-token objectives (mask from the detached probability)",
+    selector="threshold_kind",
+)
+SFT_SEQUENCE_OBJECTIVES = Registry(
+    "sft_sequence_objective",
+    "signed, length-normalised sequence objectives",
+    selector="sequence_objective",
+    builtin=(None,),
+)
+SFT_SAMPLE_REWEIGHTING = Registry(
+    "sft_sample_reweighting",
+    "per-sample loss weights learned while training",
+    selector="sample_reweighting",
+    builtin=(None,),
+)
 
-_BEYOND_LL = PAPERS["beyond_ll"].short
-_BEYOND_LL_URL = PAPERS["beyond_ll"].url
+_BEYOND_LL = PAPERS["beyond_ll"]
+# TRL's `loss_type="dft"` rewrites the NLL; combined with another objective it would be applied twice.
+_NOT_DFT = Requires(
+    "loss_type",
+    lambda value: value != "dft",
+    "DFT is sft_objective='prob_power' with objective_alpha=1; keep loss_type='nll'",
+    fix="nll",
+)
 
 # Below this α, (1 - p^α)/α is -log p to within fp32 rounding.
 _ALPHA_IS_ZERO = 1e-12
@@ -70,7 +93,22 @@ def nll_loss(log_probs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
     return _masked(-log_probs, mask), mask
 
 
-@SFT_OBJECTIVES.register("prob_power", paper=_BEYOND_LL, url=_BEYOND_LL_URL, alpha=1.0)
+@SFT_OBJECTIVES.register(
+    "prob_power",
+    paper=_BEYOND_LL,
+    description="the probability family `(1 - p^α)/α`",
+    fields=[
+        Field(
+            "objective_alpha",
+            1.0,
+            'α ≥ 0 of `prob_power`: 0 is NLL, 1 is "-p" (gradient-identical to TRL\'s `loss_type="dft"`), 10 is '
+            '"-p^10".',
+            check=number(low=0),
+            param="alpha",
+        )
+    ],
+    requires=[_NOT_DFT],
+)
 def prob_power_loss(
     log_probs: torch.Tensor, mask: torch.Tensor, alpha: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,14 +180,79 @@ _THRESHOLD_KINDS = {
     "unlikelihood_bottom": (False, _log_one_minus_p, "UnlikehoodBottom: log(1-p+1e-3) on tokens with p <= q"),
 }
 for _kind, (_high, _fn, _desc) in _THRESHOLD_KINDS.items():
-    SFT_THRESHOLDS.register(_kind, paper=_BEYOND_LL, url=_BEYOND_LL_URL, description=_desc)(
-        _threshold_objective(_kind, _high, _fn)
-    )
+    SFT_THRESHOLDS.register(_kind, paper=_BEYOND_LL, description=_desc)(_threshold_objective(_kind, _high, _fn))
 
 
-@SFT_OBJECTIVES.register("threshold", paper=_BEYOND_LL, url=_BEYOND_LL_URL, kind="top_p")
+def _check_auto_rule(name: str, value) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise TypeError(f"`{name}` must be a mapping (or its JSON string), got {value!r}.")
+    unknown = set(value) - set(DEFAULT_AUTO_RULE)
+    if unknown:
+        raise ValueError(f"`{name}` keys must be among {sorted(DEFAULT_AUTO_RULE)}, got {sorted(unknown)}.")
+    for key, number_value in value.items():
+        number(low=0, high=1)(f"{name}.{key}", number_value)
+
+
+def parse_auto_rule(value):
+    """`auto_rule` as given on the command line or in YAML (a JSON string) or in Python (a mapping)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+# Read by `auto` and by `threshold` with a `threshold_quantile`: both probe the base model before training.
+PROBE_FIELD = Field(
+    "auto_probe_batches",
+    32,
+    "Training batches (per process) the base-model probe reads for `auto` and `threshold_quantile`.",
+    check=integer(low=1),
+)
+
+
+@SFT_OBJECTIVES.register(
+    "threshold",
+    paper=_BEYOND_LL,
+    description="a thresholded variant of the family",
+    fields=[
+        Field(
+            "threshold_kind",
+            "top_p",
+            'Which thresholded objective: a name of the `sft_threshold` family (`"top_p"`, `"bottom_p"`, '
+            '`"top_logp"`, `"bottom_logp"`, `"unlikelihood_top"` or `"unlikelihood_bottom"`).',
+            check=choice(*SFT_THRESHOLDS.names()),
+            param="kind",
+        ),
+        Field(
+            "threshold",
+            None,
+            "Absolute probability threshold in [0, 1] of the thresholded objective.",
+            check=number(low=0, high=1, allow_none=True),
+            param="threshold",
+            type=float | None,
+        ),
+        Field(
+            "threshold_quantile",
+            None,
+            "Instead of `threshold`: this quantile (in [0, 1]) of the base model's supervised-token probabilities, "
+            "measured by the probe before training and then frozen (how the paper set its thresholds).",
+            check=number(low=0, high=1, allow_none=True),
+            type=float | None,
+        ),
+        Field(
+            "threshold_normalization",
+            None,
+            '`"active"` divides by the number of tokens kept by the threshold, `"supervised"` by all supervised '
+            'tokens; both are exact over gradient accumulation and processes. Default: `"active"` (the paper\'s).',
+            check=choice(None, "supervised", "active"),
+            type=str | None,
+        ),
+        PROBE_FIELD,
+    ],
+    requires=[_NOT_DFT],
+    example={"threshold": 0.5},
+)
 def threshold_loss(
-    log_probs: torch.Tensor, mask: torch.Tensor, kind: str = "top_p", threshold: float = 0.5
+    log_probs: torch.Tensor, mask: torch.Tensor, kind: str = "top_p", *, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to the thresholded objective ``kind`` (a name of the ``sft_threshold`` registry)."""
     return SFT_THRESHOLDS.get(kind)(log_probs, mask, threshold=threshold)
@@ -158,6 +261,25 @@ def threshold_loss(
 def token_weight(log_probs: torch.Tensor, alpha: float) -> torch.Tensor:
     """Logit-gradient weight `p^α` of the probability family relative to NLL (`(B, T)` -> `(B, T)`, fp32)."""
     return torch.exp(alpha * log_probs.float())
+
+
+SFT_OBJECTIVES.declare(
+    "auto",
+    paper=_BEYOND_LL,
+    description="probe the base model's token probabilities and pick `prob_power` (α=1) or `nll` "
+    "(hf_stable's rule, experimental; see `choose_objective`)",
+    fields=[
+        PROBE_FIELD,
+        Field(
+            "auto_rule",
+            None,
+            "Thresholds of the `auto` rule, keys `strong_median` (0.9), `strong_p20` (0.0: off), `weak_median` (0.3).",
+            check=_check_auto_rule,
+            type=dict | str | None,
+        ),
+    ],
+    requires=[_NOT_DFT],
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -205,12 +327,64 @@ def sequence_mean(values, mask, seq_idx=None, num_sequences=None) -> torch.Tenso
 # REDI
 
 
+# Per-sample objectives read whole examples (their own columns) and average each over its supervised tokens.
+_PER_SAMPLE = (
+    Requires(
+        "packing",
+        lambda value: not value,
+        "packing drops per-example columns (TRL keeps only input_ids/labels when packing); set packing=False "
+        "(padding_free=True still works)",
+        fix=False,
+    ),
+    Requires(
+        "threshold_normalization",
+        lambda value: value != "active",
+        "per-sample objectives average each sample over its supervised tokens; leave it unset",
+        fix=None,
+    ),
+)
+
+
 @SFT_SEQUENCE_OBJECTIVES.register(
     "redi",
-    paper=PAPERS["redi"].short,
-    url=PAPERS["redi"].url,
-    pos_weight=1.0,
-    neg_weight=0.8,
+    paper=PAPERS["redi"],
+    description="REDI `-c⁺·ℓ̄(y⁺) + α·ℓ̄(y⁻)` over length-normalised log-likelihoods",
+    fields=[
+        Field("redi_pos_weight", 1.0, "c⁺, weight of positive sequences.", check=number(low=0), param="pos_weight"),
+        Field(
+            "redi_neg_weight",
+            0.8,
+            "α, weight of negative sequences; the paper keeps it below `redi_pos_weight` for stability.",
+            check=number(low=0),
+            param="neg_weight",
+        ),
+        Field(
+            "redi_neg_weighting_gamma",
+            None,
+            "If set, negative terms are multiplied by `exp(γ·ℓ̄(y⁻))`, damping the push on already unlikely negatives.",
+            check=number(allow_none=True),
+            param="neg_gamma",
+            type=float | None,
+        ),
+        Field(
+            "redi_reduction",
+            None,
+            '`"pair"` (divide by the number of pairs, as the reference) or `"sequence"`. Default: `"pair"` for '
+            'paired data and `"sequence"` for a `redi_sign` column.',
+            check=choice(None, "pair", "sequence"),
+            type=str | None,
+        ),
+    ],
+    requires=[
+        Requires(
+            "sft_objective",
+            lambda value: value == "nll",
+            "REDI is defined on log-likelihoods; set sft_objective='nll'",
+            fix="nll",
+        ),
+        Requires("sample_reweighting", lambda value: value is None, "choose one per-sample objective", fix=None),
+        *_PER_SAMPLE,
+    ],
 )
 def redi_terms(
     seq_logp_mean: torch.Tensor,
@@ -253,7 +427,8 @@ def redi_loss(
     reduction: str = "pair",
 ) -> torch.Tensor:
     """REDI loss of one batch: summed [`redi_terms`] over the number of pairs (``"pair"``, a pair being a positive and
-    a negative sequence, as the reference averages) or of sequences (``"sequence"``). Scalar, fp32."""
+    a negative sequence, as the reference averages) or of sequences (``"sequence"``). Scalar, fp32. (The trainer
+    divides the same terms by step-wide counts instead; this is the one-batch reference.)"""
     if reduction not in ("pair", "sequence"):
         raise ValueError(f"reduction must be 'pair' or 'sequence', got {reduction!r}.")
     terms = redi_terms(seq_logp_mean, sign, pos_weight, neg_weight, neg_gamma)
@@ -267,15 +442,6 @@ def redi_loss(
 # Feasible Learning
 
 
-@SFT_SAMPLE_REWEIGHTING.register(
-    "feasible",
-    paper=PAPERS["feasible_learning"].short,
-    url=PAPERS["feasible_learning"].url,
-    epsilon=1e-3,
-    dual_lr=1.0,
-    rho=2.0,
-    init=1.0,
-)
 def feasible_dual_update(
     multipliers: torch.Tensor,
     losses: torch.Tensor,
@@ -305,12 +471,99 @@ def feasible_dual_update(
     return (lam + dual_lr * step).clamp(min=0)
 
 
+@SFT_SAMPLE_REWEIGHTING.register(
+    "feasible",
+    paper=PAPERS["feasible_learning"],
+    description="per-sample multipliers λ_i by projected dual ascent on `ℓ_i ≤ ε`",
+    fields=[
+        Field("fl_epsilon", 1e-3, "ε, the per-sample loss bound.", check=number(low=0), param="epsilon"),
+        Field(
+            "fl_target_prob",
+            None,
+            "Instead of `fl_epsilon`: a per-token probability p* in (0, 1], giving ε = -log p*.",
+            check=number(low=0, high=1, low_open=True, allow_none=True),
+            param="target_prob",
+            type=float | None,
+        ),
+        Field("fl_dual_lr", 1.0, "Dual step size η.", check=number(low=0, low_open=True), param="dual_lr"),
+        Field(
+            "fl_resilient_rho",
+            2.0,
+            "ρ of Resilient FL (slack penalty); `None` for hard feasibility.",
+            check=number(low=0, low_open=True, allow_none=True),
+            param="rho",
+            type=float | None,
+        ),
+        Field("fl_init", 1.0, "Initial multiplier of every sample.", check=number(low=0), param="init"),
+    ],
+    requires=list(_PER_SAMPLE),
+)
+class FeasibleLearning:
+    """The multiplier table of Feasible Learning (arXiv 2501.14912): one `λ_i` per training sample, read by the
+    primal loss `mean_i λ_i ℓ_i` and moved once per optimizer step by [`feasible_dual_update`].
+
+    Args:
+        num_samples (`int`): training samples (the table's size).
+        epsilon (`float`): the per-sample loss bound ε, unless ``target_prob`` p* gives ε = -log p*.
+        dual_lr, rho: as in [`feasible_dual_update`].
+        init (`float`): every λ_i at the start.
+    """
+
+    def __init__(self, num_samples, epsilon=1e-3, target_prob=None, dual_lr=1.0, rho=2.0, init=1.0):
+        self.epsilon = -math.log(target_prob) if target_prob is not None else epsilon
+        self.dual_lr, self.rho = dual_lr, rho
+        self.multipliers = torch.full((num_samples,), float(init))
+        self._warned_all_feasible = False
+
+    def weights(self, index: torch.Tensor) -> torch.Tensor:
+        """`λ_i` of the samples ``index`` `(M,)`."""
+        return self.multipliers[index]
+
+    def update(self, index: torch.Tensor, losses: torch.Tensor) -> dict[str, float]:
+        """One dual step on the samples of an optimizer step (every process's, gathered): ``index`` `(M,)`,
+        ``losses`` `(M,)`. A sample seen twice in one step (a dataset smaller than the batch) is updated in order.
+        Returns the metrics of the table."""
+        if index.unique().numel() == index.numel():
+            self.multipliers[index] = feasible_dual_update(
+                self.multipliers[index], losses, self.epsilon, self.dual_lr, self.rho
+            )
+        else:
+            for i, value in zip(index.tolist(), losses.tolist(), strict=True):
+                self.multipliers[i] = feasible_dual_update(
+                    self.multipliers[i : i + 1], torch.tensor([value]), self.epsilon, self.dual_lr, self.rho
+                )[0]
+        table = self.multipliers
+        if not self._warned_all_feasible and bool((table[index] == 0).all()):
+            self._warned_all_feasible = True
+            warnings.warn(
+                "Feasible Learning: every sample of this step satisfies its constraint (λ = 0), so these samples no "
+                "longer contribute to the gradient. This is by design; lower `fl_epsilon` to keep learning.",
+                stacklevel=3,
+            )
+        return {
+            "fl_lambda_mean": table.mean().item(),
+            "fl_lambda_max": table.max().item(),
+            "fl_lambda_p90": quantile(table, 0.9),
+            "fl_frac_satisfied": (losses <= self.epsilon).float().mean().item(),
+            "fl_worst_decile_loss": quantile(losses, 0.9),
+        }
+
+    def load(self, table: torch.Tensor) -> None:
+        """Restore a checkpointed table (of the same training set)."""
+        if table.shape != self.multipliers.shape:
+            raise ValueError(
+                f"The checkpoint's Feasible Learning table has {table.numel()} entries but the training set has "
+                f"{self.multipliers.numel()} samples; resume with the same dataset."
+            )
+        self.multipliers = table.float().clone()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Base-model probability probe (the `auto` objective)
 
 PROBE_QUANTILES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
-# Decision thresholds of `sft_objective="auto"` (hf_stable's rule; the paper gives none). The spec's P20 >= 0.3 guard
+# Decision thresholds of `sft_objective="auto"` (hf_stable's rule; the paper gives none). A P20 >= 0.3 guard
 # is off by default: experiment E-A1 showed that noisy labels, where -p helps most, are exactly what pulls P20 down
 # (median 0.96, P20 1e-5 on its model-strong set, where -p beat NLL on every seed).
 DEFAULT_AUTO_RULE = {"strong_median": 0.9, "strong_p20": 0.0, "weak_median": 0.3}

@@ -7,7 +7,23 @@ layer, which model and which tokens are our choices (no author code is public); 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from .._validation import boolean, choice, number
+from ..papers import PAPERS
+from ..registry import Field, Registry
+
+
+# A switch: `stable_rank_reward=True` appends the model's own reward to `reward_funcs`.
+INTRINSIC_REWARDS = Registry(
+    "intrinsic_reward",
+    "rewards computed from the model's own hidden states, appended to the reward functions",
+    selector="stable_rank_reward",
+    enable=True,
+    selector_check=boolean(),
+)
 
 
 def stable_rank(hidden: torch.Tensor, center: bool = False, eps: float = 1e-12) -> torch.Tensor:
@@ -103,3 +119,36 @@ class StableRankReward:
                 scores.append(sr)
         self.model.train(was_training)
         return scores
+
+    def bind(self, trainer) -> None:
+        """Attach to a built trainer: its tokenizer, and the trained model when no separate scorer was given."""
+        self.tokenizer = trainer.processing_class
+        if self.model is None:
+            self.model = trainer.accelerator.unwrap_model(trainer.model)
+        else:
+            self.model.requires_grad_(False).eval().to(trainer.accelerator.device)
+
+
+@INTRINSIC_REWARDS.register(
+    "stable_rank",
+    paper=PAPERS["sr_grpo"],
+    description="stable rank of the response's hidden states (SR-GRPO)",
+    fields=[
+        Field("stable_rank_weight", 1.0, "Reward weight of the stable-rank reward.", check=number(), param="weight"),
+        Field(
+            "stable_rank_model",
+            "ref",
+            '`"ref"` (a frozen copy of the initial policy scores, so the policy cannot game its own geometry) or '
+            '`"policy"`.',
+            check=choice("ref", "policy"),
+            param="scorer",
+        ),
+    ],
+)
+def stable_rank_reward(load_reference: Callable, weight: float = 1.0, scorer: str = "ref") -> StableRankReward:
+    """The reward a trainer appends: scored by ``load_reference()`` (a frozen copy of the initial policy, made before
+    the trainer wraps the model) or, with ``scorer="policy"``, by the trained model once bound; ``weight`` is its
+    reward weight."""
+    reward = StableRankReward(load_reference() if scorer == "ref" else None, None)
+    reward.weight = weight
+    return reward

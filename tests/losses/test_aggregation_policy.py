@@ -2,8 +2,9 @@
 losses (`hf_stable.losses.policy`: DRPO, on-policy SFT).
 
 Expected values are independent of the implementation: hand-worked tables, float64 closed forms (the variance of a
-linear aggregator), a seeded Monte-Carlo, gradients derived by hand, and literal re-statements of the spec's
-formulas. Spec: `specs/grpo_variants.md` §1.1 (TRL's aggregation), §3 (ΔL), §4 (DRPO), §11 (on-policy SFT), §14.
+linear aggregator), a seeded Monte-Carlo, gradients derived by hand, and literal re-statements of the papers'
+formulas: ΔL (arXiv 2509.07558), DRPO (arXiv 2510.04474), on-policy SFT (arXiv 2602.13407); TRL's aggregation is
+`trl/trainer/grpo_trainer.py: _compute_loss`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from hf_stable.losses.advantages import grpo_advantages
 from hf_stable.losses.aggregation import LOSS_AGGREGATIONS, delta_l_weights, trl_sample_weights
 from hf_stable.losses.policy import (
     LOSS_MODES,
+    DRPOMode,
+    OnPolicySFTMode,
     drpo_coefficients,
     drpo_loss,
     onpolicy_sft_keep,
@@ -38,12 +41,12 @@ def _np(x: torch.Tensor) -> np.ndarray:
 def test_registries():
     assert "delta_l" in LOSS_AGGREGATIONS
     assert set(LOSS_MODES.names()) == {"drpo", "onpolicy_sft"}
-    assert LOSS_MODES.get("drpo").fn is drpo_loss
-    assert LOSS_MODES.get("onpolicy_sft").fn is onpolicy_sft_loss
+    assert LOSS_MODES.get("drpo").fn is DRPOMode and LOSS_MODES.get("onpolicy_sft").fn is OnPolicySFTMode
+    assert LOSS_MODES.choices() == ["ppo", "drpo", "onpolicy_sft"]
 
 
 # =====================================================================================================================
-# 3. ΔL (spec §3)
+# 3. ΔL (arXiv 2509.07558)
 
 
 def test_delta_l_alpha_zero_is_constant_dr_grpo_weights():
@@ -113,7 +116,7 @@ def _aggregator_variance(x: np.ndarray, lengths: np.ndarray) -> float:
 
 def test_delta_l_alpha_one_minimises_aggregator_variance():
     """Among unbiased linear aggregators (Σ x_i = 1) with Var(g_i) ∝ L_i, the ΔL weights x_i = ω_i / N have variance
-    Σ x_i² L_i, smallest at α = 1 where it attains the Lagrange optimum 1 / Σ_i (1/L_i) (spec §3)."""
+    Σ x_i² L_i, smallest at α = 1 where it attains the Lagrange optimum 1 / Σ_i (1/L_i) (arXiv 2509.07558)."""
     lengths = np.array([12, 40, 7, 300, 95, 64, 21, 150], dtype=np.float64)
     n = len(lengths)
     variances = {}
@@ -196,7 +199,7 @@ def test_trl_sample_weights_by_hand():
 
 
 # =====================================================================================================================
-# 7. DRPO (spec §4)
+# 7. DRPO (arXiv 2510.04474)
 
 
 @st.composite
@@ -347,7 +350,7 @@ def test_drpo_loss_k3_and_bad_kl_type():
 
 
 # =====================================================================================================================
-# 8. On-policy SFT (spec §11)
+# 8. On-policy SFT (arXiv 2602.13407)
 
 
 def test_onpolicy_sft_loss_is_nll_over_kept_tokens():

@@ -2,8 +2,8 @@
 
 Expected values are independent of the implementation: hand-worked areas and volumes, hypervolume by exact
 inclusion-exclusion over subsets of points, explicit double loops, numpy covariances and correlations, and the
-spec's update rules written out by hand. Spec: `specs/grpo_variants.md` §7 (hypervolume, gradient weights), §8
-(CTWA), §12 (BRME, Lagrangian), §14.
+papers' update rules written out by hand: hypervolume and gradient weights (arXiv 2509.11452), CTWA (arXiv
+2602.06869), BRME (arXiv 2409.15360), the Lagrangian (arXiv 2310.04373).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hf_stable.losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, BRMEFold
 from hf_stable.losses.reward_weighting import (
-    REWARD_TRANSFORMS,
-    REWARD_WEIGHTINGS,
     brme_reward,
     ctwa_covariance,
     ctwa_update,
@@ -47,11 +46,23 @@ def test_registries():
     assert set(REWARD_WEIGHTINGS.names()) == {"static", "hypervolume", "gradient", "ctwa", "lagrangian"}
     assert "brme" in REWARD_TRANSFORMS
     w = torch.tensor([0.2, 0.8])
-    assert REWARD_WEIGHTINGS.get("static").fn(w) is w
+    assert torch.equal(REWARD_WEIGHTINGS.get("static")(w).weights, w)
+
+
+def test_brme_fold_puts_the_robust_reward_in_the_first_head_column():
+    """The folded column is `λ·mean + (1-λ)·min` of the heads (worked by hand); the other heads become NaN and a
+    reward outside the ensemble is untouched."""
+    rewards = torch.tensor([[1.0, 3.0, 7.0], [2.0, 0.0, -1.0]])
+    folded, metrics = BRMEFold(3, lam=0.25, heads=[0, 1])(rewards)
+    assert folded[:, 0].tolist() == [0.25 * 2.0 + 0.75 * 1.0, 0.25 * 1.0 + 0.75 * 0.0]
+    assert torch.isnan(folded[:, 1]).all() and folded[:, 2].tolist() == [7.0, -1.0]
+    assert metrics["brme/head_min_mean"] == 0.5 and rewards[0, 1] == 3.0  # the input is not modified
+    with pytest.raises(ValueError, match="brme_heads"):
+        BRMEFold(3, heads=[0])
 
 
 # =====================================================================================================================
-# Hypervolume (spec §7a)
+# Hypervolume (arXiv 2509.11452)
 
 
 def _hv_inclusion_exclusion(points: np.ndarray, ref: np.ndarray) -> float:
@@ -155,7 +166,7 @@ def test_hypervolume_contribution_nonnegative_and_multiplier_range(front, point)
 
 
 # =====================================================================================================================
-# Gradient-based weights (spec §7b)
+# Gradient-based weights (arXiv 2509.11452)
 
 
 def test_influence_scores_against_double_loop():
@@ -188,7 +199,7 @@ def test_gradient_weight_update_stays_on_simplex_and_follows_scores():
 
 
 # =====================================================================================================================
-# CTWA (spec §8)
+# CTWA (arXiv 2602.06869)
 
 
 def _ctwa_reference(rewards: np.ndarray, w: np.ndarray, g: int, use_corr: bool) -> np.ndarray:
@@ -263,7 +274,7 @@ def test_ctwa_update_gate_and_cap():
 
 
 # =====================================================================================================================
-# Lagrangian and BRME (spec §12)
+# Lagrangian (arXiv 2310.04373) and BRME (arXiv 2409.15360)
 
 
 def test_lagrangian_projected_dual_ascent():

@@ -1,4 +1,4 @@
-"""Invalid GRPO-variant configurations fail at construction, naming the fields (composition rules, spec §13)."""
+"""Invalid GRPO-variant configurations fail at construction, naming the fields (composition rules: docs/grpo.md)."""
 
 import pytest
 

@@ -63,10 +63,9 @@ def test_trainer_uses_the_pure_estimator_on_gathered_rewards(tmp_path, estimator
     _, trainer = grpo_run(tmp_path, **FEATURES[estimator])
     rewards = torch.stack([torch.tensor(list(v)) for v in trainer._logs["rewards"].values()], dim=1)
     used = torch.tensor(list(trainer._logs["advantages"]))
-    params = trainer._estimator_params()
-    expected, _ = ADVANTAGE_ESTIMATORS.get(estimator)(
-        rewards, torch.ones(len(rewards)), G, trainer.reward_weights, **params
-    )
+    method = ADVANTAGE_ESTIMATORS.get(estimator)
+    params = method.params_from(trainer.args)
+    expected, _ = method(rewards, torch.ones(len(rewards)), G, trainer.reward_weights, **params)
     torch.testing.assert_close(used, expected, rtol=1e-6, atol=1e-7)
     assert used.abs().max() > 0
 

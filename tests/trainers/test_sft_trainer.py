@@ -10,7 +10,7 @@ from trl import SFTConfig, SFTTrainer
 
 from hf_stable import StableSFTConfig, StableSFTTrainer
 from hf_stable.testing import arithmetic_dataset, arithmetic_preference_dataset, build_tiny_model
-from hf_stable.trainers._data import PAIR_COLUMN, SIGN_COLUMN
+from hf_stable.trainers._sft_data import PAIR_COLUMN, SIGN_COLUMN
 
 
 def _train_args(tmp_path, **overrides):

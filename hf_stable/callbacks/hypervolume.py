@@ -1,4 +1,4 @@
-"""Validation evaluations for the hypervolume-guided reward weighting of `StableGRPOTrainer`."""
+"""Validation evaluations for the hypervolume-guided reward weighting of `StableGRPOTrainer` (arXiv 2509.11452)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,23 @@ from trl.models.utils import unwrap_model_for_generation
 
 class HypervolumeCallback(TrainerCallback):
     """Evaluates the per-objective mean rewards of greedy completions on a fixed validation set before training (the
-    hypervolume reference point) and every `drw_eval_every` steps, and feeds them to the controller."""
+    hypervolume reference point) and every `drw_eval_every` steps, and feeds them to the trainer's controller (a
+    `reward_weighting` method with ``needs_validation``: it reads ``val_size``, ``eval_every`` and
+    ``validation_point``)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
-        args = trainer.args
         source = trainer.eval_dataset if trainer.eval_dataset is not None else trainer.train_dataset
         if isinstance(source, dict):
             source = next(iter(source.values()))
-        self.rows = [source[i] for i in range(min(args.drw_val_size, len(source)))]
+        self.rows = [source[i] for i in range(min(trainer._controller.val_size, len(source)))]
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer._controller.reference is None:
             self._evaluate()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.drw_eval_every == 0:
+        if state.global_step % self.trainer._controller.eval_every == 0:
             self._evaluate()
 
     @torch.no_grad()

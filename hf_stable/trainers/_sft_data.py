@@ -1,5 +1,6 @@
-"""Per-example columns that survive TRL's data pipeline: a collator wrapper, a pair-keeping sampler, and the dataset
-transforms that add the columns (REDI signs and pair ids, sample indices for per-sample multipliers).
+"""`StableSFTTrainer`'s data: per-example columns that survive TRL's data pipeline (a collator wrapper, a pair-keeping
+sampler, the dataset transforms that add the columns: REDI signs and pair ids, sample indices for per-sample
+multipliers) and the trainer mixin that applies them.
 
 TRL's SFT collator only pads ``input_ids``/``labels``; per-example scalars (a sign, an index) need a signature column
 (so `Trainer` does not drop them) and a collator that stacks them (`trl/trainer/sft_trainer.py:
@@ -8,10 +9,15 @@ SFTTrainer._set_signature_columns_if_needed`, `DataCollatorForLanguageModeling.t
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+
+logger = logging.getLogger(__name__)
 
 
 SIGN_COLUMN = "redi_sign"
@@ -126,3 +132,62 @@ class PairSampler(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         return self.num_rows
+
+
+class SFTDataMixin:
+    """Mix into `StableSFTTrainer`: adds the per-example columns the per-sample objectives need, keeps them through
+    TRL's pipeline, and samples REDI pairs together."""
+
+    def _add_columns(self, dataset, args, name: str, training: bool = True):
+        names = column_names(dataset)
+        if args.sequence_objective is not None:
+            if {"chosen", "rejected"} <= set(names):
+                dataset = expand_pairs(dataset)
+                self._paired = self._paired or training
+            elif SIGN_COLUMN in names:
+                check_signs(dataset)
+            else:
+                raise ValueError(
+                    f"sequence_objective={args.sequence_objective!r} needs, in the {name} dataset, either "
+                    f"'prompt'/'chosen'/'rejected' columns (pairs) or a '{SIGN_COLUMN}' column (+1 positive, -1 "
+                    f"negative) with 'prompt'/'completion'; got columns {names}."
+                )
+        if args.sample_reweighting is not None and training:
+            if not hasattr(dataset, "__len__"):
+                raise ValueError(
+                    f"sample_reweighting={args.sample_reweighting!r} keeps one multiplier per training sample and "
+                    "needs a sized `datasets.Dataset`, not an IterableDataset."
+                )
+            self._num_samples = len(dataset)
+            dataset = add_index(dataset)
+        return dataset
+
+    def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+        dataset = super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+        dataset, dropped = complete_pairs_only(dataset)
+        if dropped:
+            logger.warning(f"Dropped {dropped} {dataset_name} rows whose REDI pair partner was removed by truncation.")
+        return dataset
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        for column in (SIGN_COLUMN, INDEX_COLUMN):
+            if column not in self._signature_columns:
+                self._signature_columns.append(column)
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = self.train_dataset
+        if (
+            self.args.sequence_objective is not None
+            and hasattr(dataset, "column_names")
+            and PAIR_COLUMN in dataset.column_names
+        ):
+            if self.args.per_device_train_batch_size % 2:
+                warnings.warn(
+                    "REDI pairs are kept together only with an even per_device_train_batch_size; with "
+                    f"{self.args.per_device_train_batch_size} a pair can straddle two micro-batches.",
+                    stacklevel=2,
+                )
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return PairSampler(dataset[PAIR_COLUMN], seed)
+        return super()._get_train_sampler(train_dataset)

@@ -1,0 +1,403 @@
+"""The registered reward-weight controllers (`reward_weighting`) and reward transforms (`robust_reward`).
+
+Each is a class built from its declared fields, ``REWARD_WEIGHTINGS.get(name)(base_weights, **params)`` and
+``REWARD_TRANSFORMS.get(name)(num_rewards, **params)``, holding the state that the pure update rules of
+[`hf_stable.losses.reward_weighting`] need between generation batches (checkpointed through `state_dict`).
+
+* `static`: the user's `reward_weights`.
+* `hypervolume` (arXiv 2509.11452): a step multiplier from the hypervolume contribution of validation means.
+* `gradient` (arXiv 2509.11452): weights by mirror ascent on the objectives' gradient inner products.
+* `ctwa` (arXiv 2602.06869): log-weights raised while an objective's reward does not covary with the update.
+* `lagrangian` (arXiv 2310.04373): dual multipliers keeping each mean reward below a threshold.
+* `brme` (arXiv 2409.15360): an ensemble of reward functions folded into one robust reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .._validation import boolean, check_int, check_length, integer, number
+from ..papers import PAPERS
+from ..registry import Field, Registry
+from .reward_weighting import (
+    brme_reward,
+    ctwa_covariance,
+    ctwa_update,
+    gradient_weight_update,
+    hypervolume_step,
+    lagrangian_update,
+)
+
+
+REWARD_WEIGHTINGS = Registry("reward_weighting", "controllers of the reward weights")
+REWARD_TRANSFORMS = Registry(
+    "reward_transform", "transforms of the reward columns", selector="robust_reward", builtin=(None,)
+)
+
+
+# batches (checkpointed through `state_dict`).
+
+
+@dataclass
+class StepContext:
+    """What a controller may read about the step besides the rewards: the optimizer step, the learning rate, and
+    ``influence()``, the `(K,)` influence scores of the batch (costs a forward and K backwards; only called when
+    needed)."""
+
+    step: int
+    learning_rate: float
+    influence: Callable[[], torch.Tensor]
+
+
+def _per_reward(name: str, value, k: int) -> None:
+    check_length(name, value, k, of="reward function")
+
+
+@REWARD_WEIGHTINGS.register(
+    "static", paper="Linear scalarisation (TRL `reward_weights`)", url="https://huggingface.co/docs/trl/grpo_trainer"
+)
+class RewardWeightController:
+    """`static`: the user's weights, unchanged. Subclasses adapt them; `weights` is what scalarises the next batch.
+
+    Attributes read by the trainer: ``adaptive`` (whether weights change), ``needs_validation`` (greedy validation
+    means are fed to [`validation_point`]), ``advantage_multiplier``.
+    """
+
+    adaptive = False
+    needs_validation = False
+
+    def __init__(self, base_weights: torch.Tensor):
+        self.base = base_weights.float().clone()
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.base
+
+    @property
+    def advantage_multiplier(self) -> float:
+        return 1.0
+
+    def observe(self, rewards: torch.Tensor, advantages: torch.Tensor, num_generations: int, context: StepContext):
+        """Update from a generation batch: raw rewards `(N, K)` and the advantages used `(N,)`; returns metrics."""
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@REWARD_WEIGHTINGS.register(
+    "ctwa",
+    paper=PAPERS["ctwa"],
+    description="covariance targeted weight adaptation",
+    fields=[
+        Field(
+            "ctwa_cov_targets",
+            None,
+            "CTWA covariance targets per objective (default 0.1 each).",
+            param="cov_targets",
+            type=list[float] | None,
+        ),
+        Field("ctwa_lambda_lr", 0.05, "CTWA step on the log-weights.", check=number(low=0), param="lambda_lr"),
+        Field("ctwa_ema_tau", 0.1, "CTWA EMA rate of the covariances.", check=number(low=0, high=1), param="ema_tau"),
+        Field(
+            "ctwa_use_corr",
+            False,
+            "Correlation instead of covariance (scale-free targets).",
+            check=boolean(),
+            param="use_corr",
+        ),
+        Field(
+            "ctwa_obj_targets",
+            None,
+            "Objective means above which CTWA stops raising a weight.",
+            param="obj_targets",
+            type=list[float] | None,
+        ),
+        Field(
+            "ctwa_max_log_weight",
+            None,
+            "Upper bound on a CTWA log-weight.",
+            check=number(allow_none=True),
+            param="max_log_weight",
+            type=float | None,
+        ),
+    ],
+)
+class CTWAController(RewardWeightController):
+    """Covariance Targeted Weight Adaptation (arXiv 2602.06869): `log λ_k` grows while the EMA of the within-group
+    covariance between objective k's reward and the training signal stays below its target."""
+
+    adaptive = True
+
+    def __init__(
+        self,
+        base_weights,
+        cov_targets=None,
+        lambda_lr=0.05,
+        ema_tau=0.1,
+        use_corr=False,
+        obj_targets=None,
+        max_log_weight=None,
+    ):
+        super().__init__(base_weights)
+        if (self.base <= 0).any():
+            raise ValueError(f"reward_weighting='ctwa' needs positive reward_weights, got {self.base.tolist()}.")
+        k = self.base.numel()
+        _per_reward("ctwa_cov_targets", cov_targets, k)
+        _per_reward("ctwa_obj_targets", obj_targets, k)
+        self.lambda_lr, self.ema_tau, self.use_corr, self.max_log_weight = lambda_lr, ema_tau, use_corr, max_log_weight
+        self.log_weights = torch.log(self.base)
+        self.ema: torch.Tensor | None = None
+        self.targets = torch.tensor(cov_targets if cov_targets is not None else [0.1] * k)
+        self.obj_targets = torch.tensor(obj_targets) if obj_targets is not None else None
+
+    @property
+    def weights(self):
+        return self.log_weights.exp()
+
+    def observe(self, rewards, advantages, num_generations, context):
+        cov, metrics = ctwa_covariance(rewards, advantages, num_generations, use_corr=self.use_corr)
+        means = torch.nanmean(rewards.float(), dim=0)
+        self.log_weights, self.ema, deficit = ctwa_update(
+            self.log_weights,
+            self.ema,
+            cov,
+            self.targets,
+            self.lambda_lr,
+            self.ema_tau,
+            objective_means=means,
+            objective_targets=self.obj_targets,
+            max_log_weight=self.max_log_weight,
+        )
+        out = {f"ctwa/cov_{k}": v for k, v in enumerate(cov.tolist())}
+        out.update({f"ctwa/deficit_{k}": v for k, v in enumerate(deficit.tolist())})
+        return {**out, **{f"ctwa/{k}": v for k, v in metrics.items()}}
+
+    def state_dict(self):
+        state = {"log_weights": self.log_weights}
+        if self.ema is not None:
+            state["ema"] = self.ema
+        return state
+
+    def load_state_dict(self, state):
+        self.log_weights = state["log_weights"].float()
+        self.ema = state["ema"].float() if "ema" in state else None
+
+
+@REWARD_WEIGHTINGS.register(
+    "lagrangian",
+    paper=PAPERS["constrained_rlhf"],
+    description="dual multipliers keeping each mean reward below a threshold",
+    fields=[
+        Field(
+            "lagrange_thresholds",
+            None,
+            "Upper bound θ_k on each mean reward, one per reward function (`null` for unconstrained).",
+            param="thresholds",
+            type=list[float] | None,
+        ),
+        Field("lagrange_lr", 0.01, "Dual step size.", check=number(low=0), param="lr"),
+    ],
+)
+class LagrangianController(RewardWeightController):
+    """Constrained composite rewards: `w_k = b_k (1 - μ_k)` with dual ascent keeping `E[r_k] ≤ θ_k`."""
+
+    adaptive = True
+
+    def __init__(self, base_weights, thresholds=None, lr=0.01):
+        super().__init__(base_weights)
+        k = self.base.numel()
+        if thresholds is None or len(thresholds) != k:
+            raise ValueError(
+                f"reward_weighting='lagrangian' needs `lagrange_thresholds` with one entry per reward function ({k}); "
+                "use null for an unconstrained one."
+            )
+        self.lr = lr
+        self.thresholds = torch.tensor([math.nan if t is None else float(t) for t in thresholds])
+        self.multipliers = torch.zeros(k)
+
+    @property
+    def weights(self):
+        return self.base * (1 - self.multipliers)
+
+    def observe(self, rewards, advantages, num_generations, context):
+        means = torch.nanmean(rewards.float(), dim=0)
+        self.multipliers = lagrangian_update(self.multipliers, means, self.thresholds, self.lr)
+        return {f"lagrangian/mu_{k}": v for k, v in enumerate(self.multipliers.tolist())}
+
+    def state_dict(self):
+        return {"multipliers": self.multipliers}
+
+    def load_state_dict(self, state):
+        self.multipliers = state["multipliers"].float()
+
+
+@REWARD_WEIGHTINGS.register(
+    "gradient",
+    paper=PAPERS["dynamic_weighting"],
+    description="mirror ascent on the objectives' gradient inner products",
+    fields=[
+        Field(
+            "drw_regularization",
+            1e-5,
+            "μ of the mirror-ascent step `η s / μ`.",
+            check=number(low=0, low_open=True),
+            param="regularization",
+        ),
+        Field(
+            "drw_target_params",
+            None,
+            "Regex of the parameters whose gradients are compared (default: all trainable).",
+            param="target_params",
+            type=str | None,
+        ),
+        Field(
+            "drw_every_n_steps",
+            1,
+            "Steps between updates (each costs one forward and K backwards).",
+            check=integer(low=1),
+            param="every_n_steps",
+        ),
+    ],
+)
+class GradientController(RewardWeightController):
+    """Gradient-based weights (arXiv 2509.11452): mirror ascent on the objectives' gradient inner products, from the
+    influence scores the trainer computes (it owns the model) every ``every_n_steps`` steps."""
+
+    adaptive = True
+
+    def __init__(self, base_weights, regularization=1e-5, target_params=None, every_n_steps=1):
+        super().__init__(base_weights)
+        self.regularization, self.target_params, self.every_n_steps = regularization, target_params, every_n_steps
+        self.current = self.base / self.base.sum()
+
+    @property
+    def weights(self):
+        return self.current
+
+    def observe(self, rewards, advantages, num_generations, context):
+        if context.step % self.every_n_steps:
+            return {}
+        scores = context.influence()
+        self.current = gradient_weight_update(self.current, scores, context.learning_rate, self.regularization)
+        out = {f"drw/score_{k}": v for k, v in enumerate(scores.tolist())}
+        return {**out, **{f"drw/weight_{k}": v for k, v in enumerate(self.current.tolist())}}
+
+    def state_dict(self):
+        return {"weights": self.current}
+
+    def load_state_dict(self, state):
+        self.current = state["weights"].float()
+
+
+@REWARD_WEIGHTINGS.register(
+    "hypervolume",
+    paper=PAPERS["dynamic_weighting"],
+    description="step multiplier from the hypervolume contribution of validation means",
+    fields=[
+        Field(
+            "drw_maximize",
+            None,
+            "Whether each objective is maximised (default all).",
+            param="maximize",
+            type=list[bool] | None,
+        ),
+        Field("drw_eval_every", 1, "Steps between validation evaluations.", check=integer(low=1), param="eval_every"),
+        Field(
+            "drw_val_size",
+            16,
+            "Validation prompts (from `eval_dataset`, else the first training prompts).",
+            check=integer(low=1),
+            param="val_size",
+        ),
+    ],
+)
+class HypervolumeController(RewardWeightController):
+    """Hypervolume-guided multiplier (arXiv 2509.11452): validation means extend a Pareto front seeded with the
+    initial model's means; the next steps' advantages are scaled by `0.5 + 1.5 tanh(HVC)`. The reference scales raw
+    rewards, which group normalisation would cancel; scaling the advantages keeps its intent (documented)."""
+
+    adaptive = True
+    needs_validation = True
+
+    def __init__(self, base_weights, maximize=None, eval_every=1, val_size=16):
+        super().__init__(base_weights)
+        k = self.base.numel()
+        maximize = maximize if maximize is not None else [True] * k
+        _per_reward("drw_maximize", maximize, k)
+        self.eval_every, self.val_size = eval_every, val_size
+        self.sign = torch.tensor([1.0 if m else -1.0 for m in maximize])
+        self.reference: torch.Tensor | None = None
+        self.front: torch.Tensor | None = None
+        self.multiplier = 1.0
+
+    @property
+    def advantage_multiplier(self):
+        return self.multiplier
+
+    def validation_point(self, means: torch.Tensor) -> dict[str, float]:
+        point = means.float() * self.sign
+        if self.reference is None:  # the first evaluation (before training) is the reference point
+            self.reference, self.front = point.clone(), point.reshape(1, -1).clone()
+            return {"hv/contribution": 0.0, "hv/multiplier": self.multiplier}
+        self.multiplier, self.front, hvc = hypervolume_step(self.front, point, self.reference)
+        return {"hv/contribution": hvc, "hv/multiplier": self.multiplier, "hv/front_size": float(len(self.front))}
+
+    def state_dict(self):
+        if self.reference is None:
+            return {}
+        return {"reference": self.reference, "front": self.front, "multiplier": torch.tensor(self.multiplier)}
+
+    def load_state_dict(self, state):
+        if "reference" in state:
+            self.reference, self.front = state["reference"].float(), state["front"].float()
+            self.multiplier = float(state["multiplier"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Transforms: the registered `robust_reward` methods
+
+
+@REWARD_TRANSFORMS.register(
+    "brme",
+    paper=PAPERS["brme"],
+    description="reward-robust ensemble `λ·mean + (1-λ)·min`",
+    fields=[
+        Field("brme_lambda", 0.5, "λ of the robust reward.", check=number(low=0, high=1), param="lam"),
+        Field(
+            "brme_heads",
+            None,
+            "Reward functions forming the ensemble (default: all).",
+            param="heads",
+            type=list[int] | None,
+        ),
+    ],
+)
+class BRMEFold:
+    """The reward functions in ``heads`` become one robust reward [`brme_reward`] in the first head's column; the
+    other heads' columns become NaN (folded). Called on the gathered `(N, K)` rewards; returns `(rewards, metrics)`."""
+
+    def __init__(self, num_rewards: int, lam: float = 0.5, heads: list[int] | None = None):
+        heads = list(heads) if heads is not None else list(range(num_rewards))
+        if len(heads) < 2 or not all(isinstance(h, int) and 0 <= h < num_rewards for h in heads):
+            raise ValueError(f"`brme_heads`={heads} must name at least two of the {num_rewards} reward functions.")
+        for h in heads:
+            check_int("brme_heads", h, low=0, high=num_rewards - 1)
+        self.lam, self.heads = lam, heads
+
+    def __call__(self, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        rewards = rewards.clone()
+        heads = self.heads
+        metrics = {
+            "brme/head_min_mean": torch.nanmean(torch.nan_to_num(rewards[:, heads], nan=math.inf).min(1).values).item()
+        }
+        rewards[:, heads[0]] = brme_reward(rewards[:, heads], self.lam)
+        rewards[:, heads[1:]] = math.nan  # folded into the first head's column
+        return rewards, metrics
