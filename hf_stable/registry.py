@@ -307,7 +307,7 @@ _METHOD_MODULES = (
     "hf_stable.losses.policy",
     "hf_stable.losses.reward_weighting",
     "hf_stable.losses.unlearning",
-    "hf_stable.trainers._unlearn_methods",
+    "hf_stable.trainers.unlearning.methods",
     "hf_stable.rewards",
     "hf_stable.merging.methods",
 )
