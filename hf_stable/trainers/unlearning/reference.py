@@ -1,9 +1,10 @@
 """The starting model as a reference: NPO's `S_ref` (cached once), the reference distributions of the KL retain term
 and of DMM's prior and precomputed targets.
 
-The reference is, in order: a ``ref_model`` passed by the user; under PEFT, the model with its adapters disabled;
-otherwise a frozen copy of the starting model. `S_ref` is computed at the first training step, after the model has
-been prepared (placed, wrapped), and saved in every checkpoint, so a resumed run keeps the starting model's values.
+The reference is, in order: a ``ref_model`` passed by the user; under PEFT, the model with its adapters disabled when
+that gives the starting model (fresh adapters); otherwise a frozen copy of the starting model. `S_ref` is computed at
+the first training step, after the model has been prepared (placed, wrapped), and saved in every checkpoint, so a
+resumed run keeps the starting model's values.
 """
 
 from __future__ import annotations
@@ -81,9 +82,26 @@ class ReferenceMixin:
             return None
         if ref_model is not None:
             return frozen(ref_model, args.device)
-        if self._is_peft:
+        if self._is_peft and self._adapters_are_identity():
             return None  # the adapter-free base is the starting model: `disable_adapter` gives it
+        # a model whose adapters already act (a trained PeftModel passed in, a base-modifying init such as PiSSA):
+        # the starting model is the adapted one, so copy it
         return frozen(copy.deepcopy(self.model), args.device)
+
+    @torch.no_grad()
+    def _adapters_are_identity(self) -> bool:
+        """Whether the model with its adapters disabled gives the starting model's logits (fresh LoRA, MAP, sine)."""
+        model = self.model
+        stream = next(self._streams(self._forget_rows[:4], next(model.parameters()).device))
+        was_training = model.training
+        model.eval()
+        try:
+            adapted = model(input_ids=stream["input_ids"], attention_mask=stream["attention_mask"]).logits
+            with model.disable_adapter():
+                base = model(input_ids=stream["input_ids"], attention_mask=stream["attention_mask"]).logits
+        finally:
+            model.train(was_training)
+        return torch.equal(adapted, base)
 
     @torch.no_grad()
     def _reference_logprobs(self, stream) -> torch.Tensor:

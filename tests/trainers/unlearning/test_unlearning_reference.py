@@ -148,3 +148,27 @@ def test_relearning_probe_of_a_trl_patched_model_trains_its_copy(tmp_path):
         assert all(p.grad is None or not p.grad.any() for p in trainer.model.parameters())
         reports.append(trainer.relearn_report)
     assert reports[1] == pytest.approx(reports[0], rel=1e-5)
+
+
+def test_kl_reference_of_an_already_adapted_peft_model_is_the_adapted_model(tmp_path):
+    """A PeftModel whose adapters already act (e.g. after LoRA SFT) starts *with* them: the KL reference must be
+    that model (zero KL at the start), not the adapter-free base. Fresh adapters keep the disabled-adapter path."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = build_tiny_model(seed=0)
+    adapted = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.5)
+    forget, retain = split_data()
+    args = UnlearningConfig(
+        output_dir=str(tmp_path), retain_loss_type="kl", per_device_train_batch_size=8, **STEP_ARGS
+    )
+    trainer = UnlearningTrainer(
+        model=adapted, args=args, forget_dataset=forget, retain_dataset=retain, processing_class=tok
+    )
+    assert trainer._ref_model is not None
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(GLOBAL_BATCH)]))
+    trainer._step_counts = None
+    assert abs(trainer._retain_term(trainer.model, batch).item()) < 1e-7
