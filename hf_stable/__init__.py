@@ -29,7 +29,7 @@ _LAZY = {
     "StableSFTTrainer": "hf_stable.trainers.sft",
     "StableGRPOConfig": "hf_stable.trainers.grpo",
     "StableGRPOTrainer": "hf_stable.trainers.grpo",
-    "UnlearningConfig": "hf_stable.trainers.unlearning_config",
+    "UnlearningConfig": "hf_stable.trainers.unlearning",
     "UnlearningTrainer": "hf_stable.trainers.unlearning",
 }
 
@@ -51,5 +51,4 @@ def __dir__():
 if TYPE_CHECKING:
     from .trainers.grpo import StableGRPOConfig, StableGRPOTrainer  # noqa: F401
     from .trainers.sft import StableSFTConfig, StableSFTTrainer  # noqa: F401
-    from .trainers.unlearning import UnlearningTrainer  # noqa: F401
-    from .trainers.unlearning_config import UnlearningConfig  # noqa: F401
+    from .trainers.unlearning import UnlearningConfig, UnlearningTrainer  # noqa: F401

@@ -366,7 +366,7 @@ _METHOD_MODULES = (
     "hf_stable.losses.reward_control",
     "hf_stable.callbacks.snr_lr",
     "hf_stable.losses.unlearning",
-    "hf_stable.trainers._unlearn_methods",
+    "hf_stable.trainers.unlearning.methods",
     "hf_stable.rewards",
     "hf_stable.merging.methods",
 )

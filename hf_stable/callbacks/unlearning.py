@@ -5,10 +5,13 @@ those the trainer's config switches on; each reads the trainer it belongs to.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
 from transformers import TrainerCallback
+
+from ..trainers.unlearning.reference import own_forward
 
 
 logger = logging.getLogger(__name__)
@@ -132,7 +135,7 @@ class CollapseGuardCallback(TrainerCallback):
 
 
 class UnlearningEvalCallback(TrainerCallback):
-    """Runs `trainer.evaluate_unlearning()` every ``every`` steps and logs it under ``unlearn/eval/...``."""
+    """Runs `trainer.evaluate_unlearning()` every ``every`` steps and logs it under ``stable/unlearning/eval/...``."""
 
     def __init__(self, trainer, every: int):
         self.trainer, self.every = trainer, every
@@ -147,7 +150,8 @@ class UnlearningEvalCallback(TrainerCallback):
 
 class RelearnProbeCallback(TrainerCallback):
     """After training: fine-tune a copy on ``relearn_probe_fraction`` of the forget set for ``relearn_probe_steps``
-    and measure accuracy / probability on the rest (``trainer.relearn_report``, logged under ``unlearn/relearn_*``)."""
+    and measure accuracy / probability on the rest (``trainer.relearn_report``, logged under
+    ``stable/unlearning/relearn_*``)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -165,6 +169,9 @@ class RelearnProbeCallback(TrainerCallback):
         order = torch.randperm(len(rows), generator=generator).tolist()
         learn, test = [rows[i] for i in order[:split]], [rows[i] for i in order[split:]]
         model = t.accelerator.unwrap_model(t.model)
+        if any("forward" in m.__dict__ for m in model.modules()):
+            # the probe trains a deep copy; a patched forward (TRL's fused LM head) would keep calling `model`
+            model = own_forward(copy.deepcopy(model))
         t.relearn_report = relearn_attack(
             model,
             t.processing_class,
@@ -177,4 +184,4 @@ class RelearnProbeCallback(TrainerCallback):
         )
         if t.is_world_process_zero():
             logger.info(f"Relearning probe: {t.relearn_report}")
-        t.log({f"unlearn/relearn_{k}": v for k, v in t.relearn_report.items()})
+        t.log({f"stable/unlearning/relearn_{k}": v for k, v in t.relearn_report.items()})

@@ -17,17 +17,39 @@ matching (DMM, Georgiev et al., arXiv 2410.23232).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from .._validation import check_bool, choice, number
 from ..papers import PAPERS
-from ..registry import Registry
+from ..registry import Field, Registry
 
 
+# A trainer calls every loss the same way, ``loss(logps=, mask=, logits=, **inputs, **loss.params_from(args))``:
+# its stream's tensors, the extra inputs named by the declaration's ``needs`` (the trainer provides them), and the
+# config fields the loss declares. Each function takes what it uses and absorbs the rest with ``**_``.
 FORGET_LOSSES = Registry("unlearning_forget_loss", "forget-set losses of the unlearning methods")
-RETAIN_LOSSES = Registry("unlearning_retain_loss", "retain-set losses (utility terms) of the unlearning methods")
+RETAIN_LOSSES = Registry(
+    "unlearning_retain_loss",
+    "retain-set losses (utility terms) of the unlearning methods",
+    selector="retain_loss_type",
+)
+
+
+def number_or_auto(name: str, value: Any) -> float | str:
+    """``value`` as a finite float (numbers and numeric strings, as a CLI or YAML gives them), or ``"auto"``; a
+    ``ValueError`` naming field ``name`` otherwise."""
+    if value == "auto":
+        return "auto"
+    try:
+        parsed = float(value)
+    except (TypeError, ValueError):
+        parsed = math.nan
+    if isinstance(value, bool) or not math.isfinite(parsed):
+        raise ValueError(f"`{name}` must be a finite number or 'auto', got {value!r}.")
+    return parsed
 
 
 class Contribution(NamedTuple):
@@ -85,7 +107,22 @@ def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 # forget losses
 
 
-@FORGET_LOSSES.register("ga", paper=PAPERS["ga_unlearning"].short, url=PAPERS["ga_unlearning"].url)
+@FORGET_LOSSES.register(
+    "ga",
+    paper=PAPERS["ga_unlearning"],
+    description="gradient ascent on the forget NLL",
+    fields=[
+        Field(
+            "forget_reduction",
+            "token",
+            "GA/GradDiff: average over answer tokens ('token') or over sequences ('sequence').",
+            check=choice("token", "sequence"),
+            param="reduction",
+        )
+    ],
+    needs=(),
+    unbounded=True,  # drives answers towards probability 0: collapses without a retain term
+)
 def ga_loss(logps: torch.Tensor, mask: torch.Tensor, reduction: str = "token", **_) -> Contribution:
     """Gradient ascent on the forget NLL: minimise `+log p`. ``reduction="token"`` averages over answer tokens (the
     HF loss, open-unlearning's parity), ``"sequence"`` over sequences of their mean log-probability."""
@@ -97,7 +134,21 @@ def ga_loss(logps: torch.Tensor, mask: torch.Tensor, reduction: str = "token", *
     raise ValueError(f"reduction must be 'token' or 'sequence', got {reduction!r}.")
 
 
-@FORGET_LOSSES.register("npo", paper=PAPERS["npo"].short, url=PAPERS["npo"].url, beta=0.1)
+@FORGET_LOSSES.register(
+    "npo",
+    paper=PAPERS["npo"],
+    description="negative preference optimisation against the starting model",
+    fields=[
+        Field("npo_beta", 0.1, "NPO β (> 0).", check=number(low=0, low_open=True), param="beta"),
+        Field(
+            "precompute_ref_logps",
+            True,
+            "Cache the starting model's summed answer log-probs S_ref once (no reference model kept).",
+            check=check_bool,
+        ),
+    ],
+    needs=("ref_seq_logps",),
+)
 def npo_loss(logps: torch.Tensor, mask: torch.Tensor, ref_seq_logps: torch.Tensor, beta: float = 0.1, **_):
     """NPO: `(2/β) softplus(β (S_θ − S_ref))` per forget sequence, with `S` summed answer log-probabilities.
 
@@ -116,7 +167,22 @@ def npo_loss(logps: torch.Tensor, mask: torch.Tensor, ref_seq_logps: torch.Tenso
     return Contribution(values, "sequence", stats)
 
 
-@FORGET_LOSSES.register("simnpo", paper=PAPERS["simnpo"].short, url=PAPERS["simnpo"].url, beta=2.5, margin=0.0)
+@FORGET_LOSSES.register(
+    "simnpo",
+    paper=PAPERS["simnpo"],
+    description="reference-free, length-normalised NPO",
+    fields=[
+        Field("simnpo_beta", 2.5, "SimNPO β (> 0).", check=number(low=0, low_open=True), param="beta"),
+        Field(
+            "simnpo_margin",
+            0.0,
+            "SimNPO margin m (the paper's; m = β·δ for open-unlearning's δ).",
+            check=number(),
+            param="margin",
+        ),
+    ],
+    needs=(),
+)
 def simnpo_loss(logps: torch.Tensor, mask: torch.Tensor, beta: float = 2.5, margin: float = 0.0, **_):
     """SimNPO: `(2/β) softplus(m − β ℓ̄)` per forget sequence, `ℓ̄` its mean answer NLL; no reference model.
 
@@ -131,7 +197,9 @@ def simnpo_loss(logps: torch.Tensor, mask: torch.Tensor, beta: float = 2.5, marg
     return Contribution(values, "sequence", stats)
 
 
-@FORGET_LOSSES.register("flatten", paper=PAPERS["pdu"].short, url=PAPERS["pdu"].url)
+@FORGET_LOSSES.register(
+    "flatten", paper=PAPERS["pdu"], description="logit-margin flattening at answer positions", needs=()
+)
 def flatten_loss(logits: torch.Tensor, mask: torch.Tensor, **_) -> Contribution:
     """Logit-margin flattening: `(max_v z_v − mean_v z_v)²` at every answer position (PDU's forget loss).
 
@@ -154,7 +222,24 @@ def sga_weights(rate: float, k: int) -> tuple[float, float]:
     return 1.0 - rate * (k - 1) / k, rate / k
 
 
-@FORGET_LOSSES.register("sga", paper=PAPERS["sga"].short, url=PAPERS["sga"].url, rate=-1.0, num_normal=3)
+@FORGET_LOSSES.register(
+    "sga",
+    paper=PAPERS["sga"],
+    description="label-smoothed gradient ascent over a forget row and its normal rows",
+    fields=[
+        Field(
+            "sga_rate",
+            "-1.0",
+            "SGA smoothing rate r (a number), or 'auto': the rate minimising the update norm, from the step's "
+            "gradients.",
+            check=lambda name, value: number_or_auto(name, value) and None,
+            param="rate",
+            type=str,
+        )
+    ],
+    needs=("normal",),
+    unbounded=True,
+)
 def sga_loss(
     logps: torch.Tensor,
     mask: torch.Tensor,
@@ -190,7 +275,21 @@ def sga_auto_rate(g_forget: torch.Tensor, g_normal: torch.Tensor, k: int, low: f
     return min(max(rate, low), high)
 
 
-@FORGET_LOSSES.register("dmm", paper=PAPERS["dmm"].short, url=PAPERS["dmm"].url)
+@FORGET_LOSSES.register(
+    "dmm",
+    paper=PAPERS["dmm"],
+    description="KL to target distributions (datamodel / oracle matching)",
+    fields=[
+        Field(
+            "dmm_temperature",
+            1.0,
+            "Temperature dividing the model's logits in the matching KL (> 0).",
+            check=number(low=0, low_open=True),
+            param="temperature",
+        )
+    ],
+    needs=("target_logprobs",),
+)
 def dmm_loss(
     logits: torch.Tensor, mask: torch.Tensor, target_logprobs: torch.Tensor, temperature: float = 1.0, **_
 ) -> Contribution:
@@ -212,13 +311,13 @@ def dmm_loss(
 # retain losses
 
 
-@RETAIN_LOSSES.register("nll", paper="Maximum likelihood on the retain set", url="")
+@RETAIN_LOSSES.register("nll", paper="Maximum likelihood on the retain set", needs=())
 def retain_nll(logps: torch.Tensor, mask: torch.Tensor, **_) -> Contribution:
     """Mean NLL over retain answer tokens (the SFT loss)."""
     return Contribution(torch.where(mask, -logps, torch.zeros_like(logps)), "token", {})
 
 
-@RETAIN_LOSSES.register("kl", paper="KL to the starting model on the retain set", url="")
+@RETAIN_LOSSES.register("kl", paper="KL to the starting model on the retain set", needs=("ref_logits",))
 def retain_kl(logits: torch.Tensor, mask: torch.Tensor, ref_logits: torch.Tensor, **_) -> Contribution:
     """`KL(π_ref ‖ π_θ)` per retain answer position (masked to answer tokens; open-unlearning also counts padding)."""
     logp_ref = torch.log_softmax(ref_logits.float(), dim=-1)
@@ -227,7 +326,7 @@ def retain_kl(logits: torch.Tensor, mask: torch.Tensor, ref_logits: torch.Tensor
     return Contribution(torch.where(mask, kl, torch.zeros_like(kl)), "token", {})
 
 
-@RETAIN_LOSSES.register("none", paper="No retain term", url="")
+@RETAIN_LOSSES.register("none", paper="No retain term", needs=())
 def retain_none(logps: torch.Tensor, mask: torch.Tensor, **_) -> Contribution:
     """No retain term: zero per-sequence values `(B,)` without a graph (forget-only methods such as GA and SGA)."""
     return Contribution(torch.zeros(logps.shape[0], dtype=torch.float32, device=logps.device), "sequence", {})

@@ -109,19 +109,24 @@ def _load(script_args, model_args):
 
 
 def main(script_args, training_args, model_args):
+    import copy
+
     from hf_stable import UnlearningTrainer
     from hf_stable.scripts.model import get_stable_peft_config
 
     model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
-    trainer = UnlearningTrainer(
-        model=model,
-        args=training_args,
-        forget_dataset=forget,
-        retain_dataset=retain,
-        processing_class=tokenizer,
-        holdout_dataset=holdout,
-        peft_config=get_stable_peft_config(model_args),
-    )
+    try:
+        trainer = UnlearningTrainer(
+            model=model,
+            args=training_args,
+            forget_dataset=forget,
+            retain_dataset=retain,
+            processing_class=tokenizer,
+            holdout_dataset=holdout,
+            peft_config=get_stable_peft_config(model_args),
+        )
+    except ValueError as error:  # a refused setting, backend or data set: the message says what to change
+        raise SystemExit(f"hf-stable unlearn: {error}") from None
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     report = None
     if script_args.evaluate:
@@ -130,20 +135,26 @@ def main(script_args, training_args, model_args):
         report = trainer.evaluate_unlearning(forget=forget_eval, retain=retain_eval, **evaluation)
         if trainer.is_world_process_zero():
             os.makedirs(training_args.output_dir, exist_ok=True)
-            with open(os.path.join(training_args.output_dir, "unlearning_report.json"), "w") as f:
+            path = os.path.join(training_args.output_dir, "unlearning_report.json")
+            with open(path + ".tmp", "w") as f:
                 json.dump(report, f, indent=1)
-    trainer.save_model(training_args.output_dir)
+            os.replace(path + ".tmp", path)
+    if not training_args.push_to_hub:  # with it, `push_to_hub` below saves the model, then uploads everything once
+        trainer.save_model(training_args.output_dir)
     if trainer._is_peft and trainer.is_world_process_zero():  # adapters (bounded or not): also a merged model
         from hf_stable.adapters import merge_and_export
 
+        # merging consumes the PEFT model it is given: merge a copy, so the adapters saved (and pushed) stay whole
+        adapted = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model))
         merged = os.path.join(training_args.output_dir, "merged")
-        merge_and_export(trainer.accelerator.unwrap_model(trainer.model), merged, tokenizer=trainer.processing_class)
-    # main process only; says what was unlearned and the metrics, never the forget rows or a token
+        merge_and_export(adapted, merged, tokenizer=trainer.processing_class)
     name = script_args.dataset_name or ("locuslab/TOFU" if script_args.benchmark == "tofu" else "tinytofu")
-    trainer.create_model_card(dataset_name=name, metrics=report)
+    card = {"dataset_name": name, "metrics": report}
+    # main process only; says what was unlearned and the metrics, never the forget rows or a token
+    trainer.create_model_card(**card)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
-        trainer.push_to_hub()
+        trainer.push_to_hub(**card)  # re-saves the model and rewrites the card: the same card, with the metrics
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):

@@ -1,11 +1,11 @@
 """Unit tests of the unlearning losses in `hf_stable.losses.unlearning`.
 
-Every expected value is computed independently of the implementation: by hand, from the spec's formulas in float64
+Every expected value is computed independently of the implementation: by hand, from the papers' formulas in float64
 numpy (own shift loop, own log-softmax), against PyTorch's own `cross_entropy` / `kl_div`, by analytic gradients
 compared with autograd, by central finite differences of the float64 references, or by brute-force minimisation.
 The losses compute in fp32 (their documented contract), so tolerances against float64 references are fp32-sized.
 
-Spec: `specs/unlearning.md` §1 (shift rule, retain losses), §2.1-§2.9 (loss definitions), §3.6 (1, 2).
+Definitions: `docs/unlearning.md` (methods, shift rule) and the papers cited in `hf_stable.losses.unlearning`.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_sequence_logps_and_mean_nll_hand_numbers():
 
 
 # =====================================================================================================================
-# 2. Mask / shift: every loss depends on exactly the logit row that predicts the only answer token (spec §3.6.2)
+# 2. Mask / shift: every loss depends on exactly the logit row that predicts the only answer token (the causal shift)
 
 
 def _single_answer_batch(seed: int = 0):
@@ -304,7 +304,7 @@ def test_ga_sequence_reduction_is_mean_log_prob_per_sequence():
 
 
 # =====================================================================================================================
-# 3. NPO (spec §2.3)
+# 3. NPO (Zhang et al., arXiv 2404.05868)
 
 
 @pytest.mark.parametrize("beta", [0.02, 0.1, 1.0, 4.0])
@@ -376,7 +376,7 @@ def test_npo_small_beta_becomes_ga_on_summed_log_prob():
 
 
 # =====================================================================================================================
-# 4. SimNPO (spec §2.4)
+# 4. SimNPO (Fan et al., arXiv 2410.07163)
 
 
 def test_simnpo_hand_worked_value():
@@ -428,7 +428,7 @@ def test_simnpo_margin_maps_to_open_unlearning_delta(beta, delta):
 
 
 # =====================================================================================================================
-# 5. Logit-margin flattening (spec §2.6)
+# 5. Logit-margin flattening (PDU, Entesari et al., arXiv 2506.05314)
 
 
 def test_flatten_hand_worked_and_zero_on_constant_logits():
@@ -478,7 +478,7 @@ def test_flatten_stats_are_per_answer_token_margins():
 
 
 # =====================================================================================================================
-# 6. SGA (spec §2.5)
+# 6. SGA (arXiv 2510.22376, our reconstruction)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
@@ -577,7 +577,7 @@ def test_sga_auto_rate_hand_worked_and_degenerate():
     # g_f = (1, 0), ḡ_n = (−1, 0), K = 2: v = (−1, 0), r* = −⟨g_f, v⟩/‖v‖² = 1
     g_f, g_n = torch.tensor([1.0, 0.0]), torch.tensor([-1.0, 0.0])
     assert sga_auto_rate(g_f, g_n, 2, -5.0, 5.0) == pytest.approx(1.0)
-    assert sga_auto_rate(g_f, g_n, 2, -2.0, 0.0) == 0.0  # spec's default clip: a positive optimum becomes GA
+    assert sga_auto_rate(g_f, g_n, 2, -2.0, 0.0) == 0.0  # the default clip [-2, 0]: a positive optimum becomes GA
     # v = 0 (identical gradients, or K = 1): every rate gives the same norm; fall back to r = 0, clipped
     same = torch.tensor([0.3, -0.2])
     assert sga_auto_rate(same, same, 4, -2.0, 0.0) == 0.0
@@ -585,7 +585,7 @@ def test_sga_auto_rate_hand_worked_and_degenerate():
 
 
 # =====================================================================================================================
-# 7. DMM / oracle matching (spec §2.9)
+# 7. DMM / oracle matching (Georgiev et al., arXiv 2410.23232)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
@@ -628,7 +628,7 @@ def test_dmm_target_with_zero_probability_tokens_is_finite():
 
 
 # =====================================================================================================================
-# 8. Retain losses (spec §1)
+# 8. Retain losses
 
 
 def test_retain_kl_zero_when_reference_is_the_model():
@@ -715,7 +715,7 @@ def test_gradients_match_finite_differences_of_float64_reference(name):
 
 
 # =====================================================================================================================
-# 10. Primal-dual and multi-gradient pieces (spec §2.6, §2.7)
+# 10. Primal-dual (PDU) and multi-gradient (StableUN, SGA-auto) pieces
 
 
 def test_dual_update_hand_numbers_and_auto_eps():
@@ -796,22 +796,31 @@ def test_sam_direction():
 # 11. Registries
 
 
-def test_registries_names_papers_and_defaults():
+def test_registries_names_papers_and_declared_fields():
+    """Each loss is declared once: its paper, the config fields it reads (their defaults are the function's own) and
+    the extra inputs it needs (parameters without a default)."""
     assert FORGET_LOSSES.names() == ["ga", "npo", "simnpo", "flatten", "sga", "dmm"]
     assert RETAIN_LOSSES.names() == ["nll", "kl", "none"]
     assert get_registry("unlearning_forget_loss") is FORGET_LOSSES
     assert get_registry("unlearning_retain_loss") is RETAIN_LOSSES
     for key, name in [("ga_unlearning", "ga"), ("npo", "npo"), ("simnpo", "simnpo"), ("pdu", "flatten")]:
         method = FORGET_LOSSES.get(name)
-        assert method.paper == PAPERS[key].short and method.url == PAPERS[key].url
+        assert method.paper is PAPERS[key] and method.url == PAPERS[key].url
     for method in [*FORGET_LOSSES, *RETAIN_LOSSES]:
         params = inspect.signature(method.fn).parameters
-        for arg, default in method.defaults.items():
-            if arg in params:  # registered defaults are the function's own (num_normal belongs to the data side)
-                assert params[arg].default == default, (method.name, arg)
-    assert FORGET_LOSSES.get("npo").defaults == {"beta": 0.1}
-    assert FORGET_LOSSES.get("simnpo").defaults == {"beta": 2.5, "margin": 0.0}
-    assert FORGET_LOSSES.get("sga").defaults == {"rate": -1.0, "num_normal": 3}
+        for declared in method.fields:
+            if declared.param is not None:
+                expected = float(declared.default) if declared.name == "sga_rate" else declared.default  # "-1.0"
+                assert params[declared.param].default == expected, (method.name, declared.name)
+        required = {n for n, p in params.items() if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD}
+        needs = set(method.extra["needs"])
+        inputs = {"normal_logps", "normal_mask"} if needs == {"normal"} else needs
+        assert required - {"logps", "mask", "logits"} == inputs, method.name
+    simnpo = FORGET_LOSSES.get("simnpo")
+    assert {f.name: f.default for f in simnpo.fields} == {"simnpo_beta": 2.5, "simnpo_margin": 0.0}
+    assert FORGET_LOSSES.get("npo").params_from(type("A", (), {"npo_beta": 0.3, "precompute_ref_logps": True})) == {
+        "beta": 0.3
+    }
 
 
 # =====================================================================================================================

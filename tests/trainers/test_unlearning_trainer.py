@@ -15,7 +15,7 @@ from hf_stable.testing import build_tiny_model
 
 def _answer_logps(model, tokenizer, rows):
     """Per-row answer log-probabilities (answer + EOS) in float64, from plain per-row forwards (no padding)."""
-    from hf_stable.trainers._unlearn_data import tokenize_row
+    from hf_stable.trainers.unlearning.data import tokenize_row
 
     out = []
     for row in rows:
@@ -108,7 +108,7 @@ def test_stableun_projection_removes_the_conflict(tmp_path):
         simnpo_beta=0.5,
         stableun_project=False,
     )
-    cos = trainer.state.log_history[0]["unlearn/proj_cos"]
+    cos = trainer.state.log_history[0]["stable/unlearning/proj_cos"]
     assert (cos < 0) == (not torch.allclose(projected, plain))
 
 
@@ -130,7 +130,8 @@ def test_pdu_lambda_never_negative_and_frozen_during_warmup(tmp_path):
         pdu_warmup_steps=3,
     )
     _, trainer = unlearn_update(tmp_path, 4, 1, **config)
-    lambdas = [log["unlearn/lambda"] for log in trainer.state.log_history if "unlearn/lambda" in log]
+    key = "stable/unlearning/lambda"
+    lambdas = [log[key] for log in trainer.state.log_history if key in log]
     assert lambdas[:4] == [1.0] * 4  # logged before each step's update: steps 1-3 frozen, step 4 still sees 1.0
     assert all(v >= 0 for v in lambdas) and trainer.dual_variable == 0.0  # retain loss ≪ ε drives λ to 0
 
@@ -204,7 +205,7 @@ def test_collapse_guard_stops_gradient_ascent(tmp_path):
     trainer.train()
     tripped = trainer._guard_state.get("tripped_at")
     assert tripped is not None and trainer.state.global_step == tripped < 200
-    assert any(log.get("unlearn/collapsed") == 1.0 for log in trainer.state.log_history)
+    assert any(log.get("stable/unlearning/collapsed") == 1.0 for log in trainer.state.log_history)
 
 
 def test_relearn_probe_keeps_the_real_weights(tmp_path):
@@ -237,7 +238,7 @@ def test_evaluate_unlearning_reports_each_set(tmp_path):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"unlearn_method": "forgetall"}, "Unknown unlearning_method 'forgetall'"),
+        ({"unlearn_method": "forgetall"}, "`unlearn_method`='forgetall' is not valid"),
         ({"unlearn_method": "pdu"}, "needs `pdu_eps`"),
         ({"unlearn_method": "pdu", "pdu_eps": "big"}, "pdu_eps"),
         ({"retain_loss_type": "l2"}, "retain_loss_type"),
@@ -373,5 +374,5 @@ def test_periodic_unlearning_evaluation_is_logged(tmp_path):
         unlearn_eval_steps=1,
         trainer_kwargs={"holdout_dataset": split_data(seed=11)[1]},
     )
-    logged = [log for log in trainer.state.log_history if "unlearn/eval/forget_acc" in log]
-    assert len(logged) == 2 and all(0 <= log["unlearn/eval/mia_auc"] <= 1 for log in logged)
+    logged = [log for log in trainer.state.log_history if "stable/unlearning/eval/forget_acc" in log]
+    assert len(logged) == 2 and all(0 <= log["stable/unlearning/eval/mia_auc"] <= 1 for log in logged)

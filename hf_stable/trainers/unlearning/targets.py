@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from .data import pad_stream, tokenize_rows
 
-def _shifted_logprobs(model, stream) -> torch.Tensor:
+
+def shifted_logprobs(model, stream) -> torch.Tensor:
     logits = model(input_ids=stream["input_ids"], attention_mask=stream["attention_mask"], use_cache=False).logits
     return torch.log_softmax(logits[:, :-1].float(), dim=-1)
 
@@ -36,7 +38,7 @@ class OracleTargets:
 
     @torch.no_grad()
     def __call__(self, stream, kind: str) -> torch.Tensor:
-        return _shifted_logprobs(self.oracle, stream)
+        return shifted_logprobs(self.oracle, stream)
 
 
 class PriorTargets:
@@ -109,8 +111,6 @@ def precompute_dmm_targets(
     """Add ``dmm_target_ids`` / ``dmm_target_logps`` (top-k of ``model`` at every answer token) to the rows of
     ``dataset`` (a `datasets.Dataset` with prompt/completion); pass the result as the forget set with
     ``dmm_target="precomputed"``. ``model`` is the oracle (or any target model)."""
-    from ._unlearn_data import pad_stream, tokenize_rows
-
     rows = tokenize_rows(dataset, tokenizer, max_length, name="dataset")
     ids_out, logps_out = [], []
     device = next(model.parameters()).device
@@ -118,7 +118,7 @@ def precompute_dmm_targets(
     for start in range(0, len(rows), batch_size):
         stream = pad_stream(rows[start : start + batch_size], tokenizer.pad_token_id)
         stream = {key: value.to(device) for key, value in stream.items()}
-        logprobs = _shifted_logprobs(model, stream)
+        logprobs = shifted_logprobs(model, stream)
         top = logprobs.topk(k, dim=-1)
         mask = stream["labels"][:, 1:] != -100
         for i in range(mask.shape[0]):
