@@ -257,7 +257,7 @@ def truth_ratio_retain_score(ratios) -> float:
 
 
 def over_forgetting(forget_prob, holdout_prob_start, floor: float = OVER_FORGETTING_FLOOR) -> float:
-    """Over-forgetting ``OF = log10(FP / HP₀)`` (TinyTOFU, spec §5.3).
+    """Over-forgetting ``OF = log10(FP / HP₀)`` (TinyTOFU; the tiers in docs/unlearning.md use it).
 
     ``FP`` is the mean probability (``exp(-mean NLL)`` of answer + EOS) of the true forget answers under the unlearned
     model, ``HP₀`` the same mean on holdout (never-trained) questions under the *starting* model: the chance level.
