@@ -155,6 +155,8 @@ def write_training_card(
 
     if not base_model or os.path.isdir(base_model):  # a local path (or none) is not a Hub lineage
         base_model = None
+    if dataset_name and os.path.exists(dataset_name):  # nor is a local dataset folder; no local path goes to the Hub
+        dataset_name = None
     tags = ["generated_from_trainer", *dict.fromkeys(card.tags)]
     data = ModelCardData(
         base_model=base_model, datasets=dataset_name, library_name="transformers", tags=tags, model_name=model_name

@@ -11,7 +11,6 @@ combines, and how, is declared in `methods.py`, and the trainer dispatches on th
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 
 import torch
@@ -20,11 +19,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
 from ...callbacks.unlearning import unlearning_callbacks
 from ...losses import unlearning as L
-from .._base import AdapterOptimizerMixin, StableStateMixin
-from .card import write_unlearning_card
+from .._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
+from .card import unlearning_card_sections
 from .checks import check_guard, refuse_backend, validate_data
 from .config import UnlearningConfig
 from .data import UnlearningCollator, tokenize_rows, training_pairs
+from .methods import UNLEARNING_METHODS
 from .multigrad import MultiGradMixin
 from .reference import REF_LOGPS_KEY, ReferenceMixin, frozen
 from .targets import OracleTargets, PrecomputedTargets, PriorTargets
@@ -34,7 +34,9 @@ logger = logging.getLogger(__name__)
 PREFIX = "stable/unlearning/"
 
 
-class UnlearningTrainer(StableStateMixin, AdapterOptimizerMixin, ReferenceMixin, MultiGradMixin, Trainer):
+class UnlearningTrainer(
+    StableTrainerMixin, StableStateMixin, AdapterOptimizerMixin, ReferenceMixin, MultiGradMixin, Trainer
+):
     """Unlearning on `transformers.Trainer`: the forget set is trained away, the retain set kept.
 
     Args:
@@ -55,6 +57,10 @@ class UnlearningTrainer(StableStateMixin, AdapterOptimizerMixin, ReferenceMixin,
     """
 
     _tag_names = ["hf_stable", "unlearning"]
+    _config_class = UnlearningConfig
+    _output_suffix = "unlearned"
+    _card_registries = (UNLEARNING_METHODS,)
+    _card_settings = ("forget_weight", "retain_weight", "retain_loss_type", "learning_rate", "max_steps")
 
     def __init__(
         self,
@@ -74,11 +80,7 @@ class UnlearningTrainer(StableStateMixin, AdapterOptimizerMixin, ReferenceMixin,
         optimizers=(None, None),
         **kwargs,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = UnlearningConfig(output_dir=f"{os.path.basename(str(name)) or 'model'}-unlearned")
-        if not isinstance(args, UnlearningConfig):
-            raise TypeError(f"args must be an UnlearningConfig, got {type(args).__name__}.")
+        args = self._coerce_args(model, args)
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("UnlearningTrainer computes its own losses: `compute_loss_func` is not supported.")
         if isinstance(model, str):
@@ -380,6 +382,6 @@ class UnlearningTrainer(StableStateMixin, AdapterOptimizerMixin, ReferenceMixin,
             **kwargs,
         )
 
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None, metrics: dict | None = None, **_):
-        """`README.md`: what was unlearned (method, settings, set sizes, metrics), never the forget rows."""
-        write_unlearning_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, metrics=metrics)
+    def _card_sections(self, metrics: dict | None = None, **_):
+        """What was unlearned: set sizes, the forget loss, learned state and metrics, never the forget rows."""
+        return unlearning_card_sections(self, metrics)
