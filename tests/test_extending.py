@@ -76,3 +76,55 @@ def test_toy_estimator_of_the_page_trains_one_step(tmp_path):
         [sys.executable, "-c", header + script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]
+
+
+def test_page_names_the_unlearning_files_it_adds_to():
+    blocks = _blocks()
+    for path in (
+        "hf_stable/losses/unlearning.py",
+        "hf_stable/trainers/unlearning/methods.py",
+        "tests/trainers/unlearning/test_unlearning_flags.py",
+    ):
+        assert path in blocks and (ROOT / path).is_file(), path
+
+
+@pytest.mark.slow
+def test_unlearning_loss_of_the_page_trains_one_step(tmp_path):
+    """The unlearning example: the loss and its method are declared before `UnlearningConfig` is built, the
+    config validates the new field by name, and the page's test (GA equivalence at floor 0) passes."""
+    blocks = _blocks()
+    script = textwrap.dedent(
+        """
+        from pathlib import Path
+
+        import hf_stable.losses.unlearning as losses
+        exec(LOSS, vars(losses))  # as written in the module, before the config class is built
+        import hf_stable.trainers.unlearning.methods as methods
+        exec(METHOD, vars(methods))
+
+        from hf_stable import UnlearningConfig
+        assert "ga_floor_prob" in UnlearningConfig.__dataclass_fields__
+        try:
+            UnlearningConfig(output_dir=OUT, use_cpu=True, report_to="none", unlearn_method="ga_floor",
+                             ga_floor_prob=2.0)
+        except ValueError as error:
+            assert "ga_floor_prob" in str(error)
+        else:
+            raise AssertionError("ga_floor_prob=2 was accepted")
+
+        namespace = {}
+        exec(TEST, namespace)
+        namespace["test_ga_floor_trains_one_step"](Path(OUT))
+        print("TRAINED")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1"}
+    header = (
+        f"LOSS = {blocks['hf_stable/losses/unlearning.py']!r}\n"
+        f"METHOD = {blocks['hf_stable/trainers/unlearning/methods.py']!r}\n"
+        f"TEST = {blocks['tests/trainers/unlearning/test_unlearning_flags.py']!r}\nOUT = {str(tmp_path)!r}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", header + script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]
