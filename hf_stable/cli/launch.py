@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources as resources
+import os
+import sys
 from pathlib import Path
 
 
@@ -52,15 +54,23 @@ def _subtract_subsequence(items: list[str], subsequence: list[str]) -> list[str]
 
 
 def run_training_command(name: str, argv: list[str]) -> int:
-    """Parse ``argv`` with ``hf_stable.scripts.<name>.make_parser`` (``--help`` exits here), then launch the script."""
+    """Parse ``argv`` with ``hf_stable.scripts.<name>.make_parser`` (``--help`` exits here), then launch the script.
+
+    A flag the configs refuse prints one line naming it and returns 2 (``HF_STABLE_DEBUG=1`` shows the traceback)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     module = importlib.import_module(f"hf_stable.scripts.{name}")
     parser = module.make_parser(prog=f"hf-stable {name}")
-    *_, config_remaining, cli_remaining = parser.parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True
-    )
-    launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+    try:
+        *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+        launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+    except (ValueError, TypeError) as err:  # a bad flag or value, found before anything runs: one line, no traceback
+        if os.environ.get("HF_STABLE_DEBUG"):
+            raise
+        print(f"hf-stable {name}: error: {err}", file=sys.stderr)
+        return 2
     script_args = _subtract_subsequence(argv, cli_remaining)
     script = str(resources.files("hf_stable.scripts").joinpath(f"{name}.py"))
     launch_command(launch_command_parser().parse_args([*launch_args, script, *script_args]))

@@ -14,7 +14,6 @@ hf-stable list [--family sft_objective]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -51,16 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in TRAINING_COMMANDS:
-        from ..evaluation.benchmarks import BenchmarkArgumentError
         from .launch import run_training_command
 
-        try:
-            return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
-        except BenchmarkArgumentError as err:  # a bad benchmark name or folder, found while parsing: one line
-            if os.environ.get("HF_STABLE_DEBUG"):
-                raise
-            print(f"hf-stable {args.command}: error: {err}", file=sys.stderr)
-            return 1
+        return run_training_command(args.command, argv[argv.index(args.command) + 1 :])
     if args.command == "merge":
         from ..scripts.merge import main as merge_main
 

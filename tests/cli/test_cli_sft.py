@@ -94,8 +94,14 @@ def test_help_lists_hf_stable_flags(capsys):
     assert "--sft_objective" in text and "--synthetic_dataset" in text and "--learning_rate" in text
 
 
-def test_bad_flag_fails_before_launch(tmp_path, tiny_model_dir):
+def test_bad_flag_fails_before_launch(tmp_path, tiny_model_dir, capsys, monkeypatch):
     config, _ = _write_config(tmp_path, tiny_model_dir)
+    monkeypatch.delenv("HF_STABLE_DEBUG", raising=False)
+    assert main(["sft", "--config", str(config), "--objective_alpha", "-2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-stable sft: error: `objective_alpha`") and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # nothing was launched
+    monkeypatch.setenv("HF_STABLE_DEBUG", "1")
     with pytest.raises(ValueError, match="objective_alpha"):
         main(["sft", "--config", str(config), "--objective_alpha", "-2"])
 

@@ -82,10 +82,10 @@ def test_eval_unlearning_missing_tofu_file_is_one_line(tmp_path, tiny_model_dir,
 def test_unlearn_benchmark_bad_split_is_one_line(tmp_path, tiny_model_dir, tofu_dir, capsys):
     args = ["unlearn", "--model_name_or_path", tiny_model_dir, "--benchmark", "tofu", "--data_dir", str(tofu_dir),
             "--output_dir", str(tmp_path / "o")]  # fmt: skip
-    assert main([*args, "--forget_split", "forget11"]) == 1
+    assert main([*args, "--forget_split", "forget11"]) == 2
     err = capsys.readouterr().err
     assert "`forget_split`='forget11' is not valid" in err and "Traceback" not in err and err.count("\n") == 1
-    assert main([*args[:-4], "--data_dir", str(tmp_path / "missing"), *args[-2:], "--forget_split", "forget10"]) == 1
+    assert main([*args[:-4], "--data_dir", str(tmp_path / "missing"), *args[-2:], "--forget_split", "forget10"]) == 2
     err = capsys.readouterr().err
     assert "is not a folder" in err and err.count("\n") == 1
 
