@@ -1,4 +1,4 @@
-"""Exact k-th largest |x| over a tensor streamed in chunks (magnitude thresholds for TIES, spec §8.2).
+"""Exact k-th largest |x| over a tensor streamed in chunks (the magnitude thresholds of TIES and breadcrumbs).
 
 For non-negative IEEE floats the order of the values equals the order of their bit patterns read as integers. So
 the k-th largest |x| (as float32) is found by radix selection on the 31 value bits:
@@ -69,6 +69,56 @@ def kth_largest_abs(chunks: Callable[[], Iterable[torch.Tensor]], k: int) -> flo
     low, _ = _select(hist, k - above)
     pattern = torch.tensor([(high << 16) | low], dtype=torch.int32)
     return float(pattern.view(torch.float32)[0])
+
+
+class RadixSelect:
+    """The k-th largest values (several ranks at once) of non-negative float32 scores streamed twice, chunk by chunk.
+
+    Usage: `add_high(chunk)` for every chunk, `finish_high()`, `add_low(chunk)` for every chunk (same chunks, any
+    chunking), `result()` → one float per rank (`inf` for k ≤ 0). Same values as `kth_largest_abs`.
+    """
+
+    def __init__(self, ks):
+        self.ks = [int(k) for k in ks]
+        self.hist = torch.zeros(_HIGH_BINS, dtype=torch.int64)
+        self.total = 0
+        self.high: dict[int, tuple[int, int]] = {}
+        self.low: dict[int, torch.Tensor] = {}
+
+    def add_high(self, scores: torch.Tensor) -> None:
+        bits = _abs_bits(scores)
+        self.total += bits.numel()
+        self.hist += torch.bincount(bits >> 16, minlength=_HIGH_BINS)
+
+    def finish_high(self) -> None:
+        for k in self.ks:
+            if k > self.total:
+                raise ValueError(f"kth_largest_abs: k={k} exceeds the number of elements ({self.total}).")
+            if k > 0:
+                self.high[k] = _select(self.hist, k)
+        self.low = {b: torch.zeros(_LOW_BINS, dtype=torch.int64) for b, _ in self.high.values()}
+
+    def add_low(self, scores: torch.Tensor) -> None:
+        if not self.low:
+            return
+        bits = _abs_bits(scores)
+        top = bits >> 16
+        for b, hist in self.low.items():
+            sel = bits[top == b]
+            if sel.numel():
+                hist += torch.bincount(sel & 0xFFFF, minlength=_LOW_BINS)
+
+    def result(self) -> list[float]:
+        out = []
+        for k in self.ks:
+            if k <= 0:
+                out.append(float("inf"))
+                continue
+            high, above = self.high[k]
+            low, _ = _select(self.low[high], k - above)
+            pattern = torch.tensor([(high << 16) | low], dtype=torch.int32)
+            out.append(float(pattern.view(torch.float32)[0]))
+        return out
 
 
 def kth_largest_abs_tensor(x: torch.Tensor, k: int) -> float:

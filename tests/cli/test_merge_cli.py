@@ -45,7 +45,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(workspace, tmp_path, capsys)
     out = tmp_path / "merged"
     assert cli_main(["merge", str(recipe), str(out), "--dry-run", "--memory-budget", "1MB"]) == 0
     printed = capsys.readouterr().out
-    assert "merge_method: linear" in printed and TENSOR in printed and "tiles=" in printed
+    assert "merge_method: linear" in printed and TENSOR in printed and "chunks=" in printed
     assert "dry run: nothing was written" in printed
     assert os.listdir(tmp_path) == []
 
@@ -75,7 +75,8 @@ def test_merge_with_diagnostics_writes_card_and_json(workspace, tmp_path, capsys
     assert len(activations["per_layer"]) == 2  # embeddings + one block
 
     card = ModelCard.load(out / "README.md")
-    assert card.data.base_model == ["expert-a", "expert-b"]  # local parents by folder name
+    assert card.data.base_model is None  # base_model lists Hub ids only; these parents are local folders
+    assert str(root) not in (out / "README.md").read_text() + (out / "hf_stable_merge.yaml").read_text()
     assert card.data.base_model_relation == "merge" and card.data.tags == ["hf_stable", "merge", "linear"]
     assert "norm ratio ρ, min" in card.text and "effective-rank ratio, min" in card.text
     printed = capsys.readouterr().out
