@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import ModelCard, ModelCardData
+
 from .resolve import is_hub_id, split_revision
 
 
@@ -273,8 +275,6 @@ def merge_model_card(
         The card text: YAML front matter (`base_model` list, `base_model_relation: merge`, `library_name:
         transformers`, `tags: [hf_stable, merge, <method>]`) and the markdown body.
     """
-    from huggingface_hub import ModelCard, ModelCardData
-
     from hf_stable.cards import _versions
 
     if isinstance(config, Mapping):

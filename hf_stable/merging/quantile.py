@@ -72,10 +72,11 @@ def kth_largest_abs(chunks: Callable[[], Iterable[torch.Tensor]], k: int) -> flo
 
 
 class RadixSelect:
-    """The k-th largest values (several ranks at once) of non-negative float32 scores streamed twice, chunk by chunk.
+    """The k-th largest values (several ranks at once) of non-negative finite float32 scores streamed twice.
 
     Usage: `add_high(chunk)` for every chunk, `finish_high()`, `add_low(chunk)` for every chunk (same chunks, any
-    chunking), `result()` → one float per rank (`inf` for k ≤ 0). Same values as `kth_largest_abs`.
+    chunking), `result()` → one float per rank (`inf` for k ≤ 0). Same values as `kth_largest_abs`. The caller
+    guarantees finite scores (the engine checks its inputs first); bins are counted with int32 arithmetic only.
     """
 
     def __init__(self, ks):
@@ -85,8 +86,12 @@ class RadixSelect:
         self.high: dict[int, tuple[int, int]] = {}
         self.low: dict[int, torch.Tensor] = {}
 
+    @staticmethod
+    def _bits(scores: torch.Tensor) -> torch.Tensor:
+        return scores.detach().reshape(-1).to(torch.float32).abs().view(torch.int32)
+
     def add_high(self, scores: torch.Tensor) -> None:
-        bits = _abs_bits(scores)
+        bits = self._bits(scores)
         self.total += bits.numel()
         self.hist += torch.bincount(bits >> 16, minlength=_HIGH_BINS)
 
@@ -99,14 +104,12 @@ class RadixSelect:
         self.low = {b: torch.zeros(_LOW_BINS, dtype=torch.int64) for b, _ in self.high.values()}
 
     def add_low(self, scores: torch.Tensor) -> None:
-        if not self.low:
-            return
-        bits = _abs_bits(scores)
-        top = bits >> 16
+        bits = self._bits(scores)
         for b, hist in self.low.items():
-            sel = bits[top == b]
-            if sel.numel():
-                hist += torch.bincount(sel & 0xFFFF, minlength=_LOW_BINS)
+            # low 16 bits of the entries in high bin b, shifted by one; every other entry lands in bin 0 or
+            # _LOW_BINS + 1 (dropped): one bincount, no boolean indexing
+            idx = (bits - ((b << 16) - 1)).clamp_(0, _LOW_BINS + 1)
+            hist += torch.bincount(idx, minlength=_LOW_BINS + 2)[1 : _LOW_BINS + 1]
 
     def result(self) -> list[float]:
         out = []

@@ -79,7 +79,8 @@ def gta_combine(
     for i in range(n_models):
         t = v[i]
         if keep is not None and keep[i] is not None:
-            t = torch.where(keep[i], t, torch.zeros((), dtype=t.dtype))
+            # a 0/1 factor rather than torch.where: a dropped entry becomes ±0, which never agrees and adds nothing
+            t = t * (keep[i] if keep[i].dtype == torch.float32 else keep[i].to(torch.float32))
         if divide is not None and divide[i] != 1.0:
             t = t / divide[i]
         if multiply is not None and multiply[i] != 1.0:
@@ -109,21 +110,36 @@ def gta_combine(
     return mixed
 
 
+# The election and the disjoint mean use 0/1 float factors instead of boolean masks (`torch.where`, `==`): on CPU
+# those run several times slower than float arithmetic, and the factors give the same values.
 def elect(total: torch.Tensor) -> torch.Tensor:
-    """TIES sign election: +1 where `Σ_i w_i τ̃_i ≥ 0`, else −1 ("sum" consensus; 0 counts as +)."""
-    return torch.where(total >= 0, 1.0, -1.0)
+    """TIES sign election: +1 where `Σ_i w_i τ̃_i ≥ 0`, else −1 ("sum" consensus; 0 counts as +).
+
+    `copysign(1, total)`: a sum is −0 only where every term is ±0, and there no model agrees whatever the sign.
+    """
+    return torch.copysign(torch.ones((), dtype=total.dtype), total)
 
 
 def disjoint_add(mixed: torch.Tensor, divisor: torch.Tensor, weighted: torch.Tensor, majority, w: float) -> None:
     """Add one model's `w_i τ̃_i` where its sign agrees with the majority (zeros never agree), and `w_i` there."""
-    agree = torch.sign(weighted) == majority
-    mixed.add_(torch.where(agree, weighted, torch.zeros((), dtype=weighted.dtype)))
-    divisor.add_(agree.to(torch.float32) * w)
+    agree = torch.sign(weighted).mul_(majority).clamp_(min=0)  # 1 where sign(τ) == majority, else 0
+    mixed.add_(weighted * agree)
+    divisor.add_(agree.mul_(w))
 
 
 def disjoint_mean(mixed: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
-    """`mixed / divisor`, with 1 where no model agrees."""
-    return mixed / torch.where(divisor == 0, torch.ones((), dtype=divisor.dtype), divisor)
+    """`mixed / divisor`, with 1 where no model agrees (`divisor + (1 − sign|divisor|)` adds exactly 0 elsewhere)."""
+    return mixed / divisor.add(torch.sign(divisor.abs()).neg_().add_(1))
+
+
+def at_least(a: torch.Tensor, threshold: float) -> torch.Tensor:
+    """`(a ≥ threshold)` as a 0/1 float32 factor (the sign of `a − threshold` is exact for finite values)."""
+    return torch.sign(a - threshold).add_(1).clamp_(max=1)
+
+
+def below(a: torch.Tensor, threshold: float) -> torch.Tensor:
+    """`(a < threshold)` as a 0/1 float32 factor."""
+    return torch.sign(a - threshold).neg_().clamp_(min=0)
 
 
 def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
@@ -134,15 +150,15 @@ def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
     from hf_stable.merging.quantile import kth_largest_abs_tensor
 
     threshold = kth_largest_abs_tensor(tau, keep_count(density, tau.numel()))
-    return torch.where(tau.abs() >= threshold, tau, torch.zeros((), dtype=tau.dtype))
+    return tau * at_least(tau.abs(), threshold)
 
 
 def magnitude_keep(v: torch.Tensor, thresholds: torch.Tensor | None) -> list[torch.Tensor | None] | None:
-    """Per-model `|v_i| ≥ thr_i` masks (`v (N, n)`, `thresholds (N,)`); None entries keep all."""
+    """Per-model `|v_i| ≥ thr_i` 0/1 factors (`v (N, n)`, `thresholds (N,)`); None entries keep all."""
     if thresholds is None:
         return None
     thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
-    return [None if t <= 0.0 else v[i].abs() >= t for i, t in enumerate(thr)]
+    return [None if t <= 0.0 else at_least(v[i].abs(), t) for i, t in enumerate(thr)]
 
 
 def l1_factors(sums: list[tuple[float, float]] | None, n_models: int) -> list[float]:
@@ -206,7 +222,7 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
         for i in range(v.shape[0]):
             a = v[i].abs()
             sums[i][0] += float(a.sum(dtype=torch.float64))
-            kept = a if keep is None or keep[i] is None else torch.where(keep[i], a, torch.zeros((), dtype=a.dtype))
+            kept = a if keep is None or keep[i] is None else a * keep[i]
             sums[i][1] += float(kept.sum(dtype=torch.float64))
 
     def combine(self, v, weights, params, *, sums=None, **kw):
@@ -293,7 +309,7 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
         out = []
         for i, (hi, lo) in enumerate(thr):
             a = v[i].abs()
-            out.append((a >= lo) & (a < hi))
+            out.append(at_least(a, lo).mul_(below(a, hi)))
         return out
 
 
