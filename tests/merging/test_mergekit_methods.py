@@ -241,7 +241,8 @@ def test_dare_rescale_is_mergekit_l1_and_paper_option():
     base, xs = _data(2, shape=(40, 25), seed=19)
     name, seed, dens = "model.layers.0.mlp.up_proj.weight", 5, [0.3, 0.7]
     taus = [_d(x) - _d(base) for x in xs]
-    keeps = [rng.keep_mask(seed, i, name, 0, t.numel(), d).double() for i, (t, d) in enumerate(zip(taus, dens))]
+    pairs = enumerate(zip(taus, dens, strict=True))
+    keeps = [rng.keep_mask(seed, i, name, 0, t.numel(), d).double() for i, (t, d) in pairs]
     kw = {"base": base, "tensor_name": name, "seed": seed, "weights": [1.0, 0.5]}
     l1 = [t.abs().sum() / (t * k).abs().sum() for t, k in zip(taus, keeps, strict=True)]
     for consensus, method in [(False, "dare_linear"), (True, "dare_ties")]:
