@@ -386,7 +386,7 @@ def build_plan(
         own = [config.own_parameters(r.parameters, n, o.t) for r, n in zip(o.refs, o.in_names, strict=True)]
         if "weight" in global_params:  # mergekit: a model without its own weight falls back to the global one
             own = [{"weight": global_params["weight"], **x} for x in own]
-        weights, params = gather_params(global_params, own)
+        weights, params = gather_params(global_params, own, m.param_defaults)
         if action == "linear":
             params = {"normalize": True}
         params = m.resolve(params)

@@ -347,13 +347,16 @@ def per_model(params: Mapping[str, Any], key: str, n_models: int, method: str = 
 
 
 def gather_params(
-    global_params: Mapping[str, Any] | None, per_model_params: Sequence[Mapping[str, Any]]
+    global_params: Mapping[str, Any] | None,
+    per_model_params: Sequence[Mapping[str, Any]],
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[list[float] | None, dict[str, Any]]:
     """Split mergekit-style per-model parameter dicts into `(weights, params)`.
 
     `weight` becomes the weight list (None if no model sets it; a model without it gets 1.0). Any other
-    per-model key (`density`) becomes a list in `params` (the global value, if any, fills models that omit it);
-    a list whose values are all equal collapses to a scalar.
+    per-model key (`density`) becomes a list in `params`: a model that omits it gets the global value, else the
+    method's default (`defaults`, as mergekit resolves a missing per-input parameter); a list whose values are all
+    equal collapses to a scalar.
     """
     params = dict(global_params or {})
     n = len(per_model_params)
@@ -362,7 +365,7 @@ def gather_params(
         weights = [float(p.get("weight", 1.0)) for p in per_model_params]
     keys = {k for p in per_model_params for k in p} - {"weight"}
     for key in sorted(keys):
-        fill = params.get(key)
+        fill = params.get(key, (defaults or {}).get(key))
         values = []
         for i, p in enumerate(per_model_params):
             if key in p:

@@ -13,8 +13,6 @@ normalised when `normalize_weights`, unit vectors `x / (‖x‖ + eps)`, task ve
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients, norms_from_gram
@@ -139,13 +137,24 @@ class MultiSlerpMethod(GramMethod):
         return multislerp_coefficients(gram, weights, normalize_weights=bool(p["normalize_weights"]), eps=p["eps"])
 
 
+class KarcherMethod(FisherRaoMethod):
+    """mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
+    `tol` 1e-5) so a mergekit recipe gives mergekit's result; per-model weights are honoured."""
+
+    default_name = "karcher"
+    params = tuple(
+        Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
+        for p in FisherRaoMethod.params
+    )
+
+
 _FR = "Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64)."
 MERGE_METHODS.register("fisher_rao", paper=PAPERS["fisher_rao_merging"], description=_FR)(FisherRaoMethod)
 MERGE_METHODS.register(
     "karcher",
     paper=PAPERS["fisher_rao_merging"],
-    description="Alias of fisher_rao (mergekit-compatible name; per-model weights honoured).",
-)(functools.partial(FisherRaoMethod, name="karcher"))
+    description="fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).",
+)(KarcherMethod)
 MERGE_METHODS.register(
     "nre",
     paper=PAPERS["fisher_rao_merging"],
