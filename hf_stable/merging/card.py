@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import ModelCardData
 
 from .resolve import is_hub_id, split_revision
 
@@ -30,69 +30,63 @@ from .resolve import is_hub_id, split_revision
 CARD_FILE = "README.md"
 RECIPE_FILE = "hf_stable_merge.yaml"
 
-TEMPLATE = """---
-{{ card_data }}
----
+DIAGNOSTICS_TEXT = (
+    "Collapse diagnostics (hf_stable's `docs/merging.md`, \"Diagnostics\"). The norm ratio "
+    "ρ = ‖merged‖ / Σ α_i ‖input_i‖ is computed per tensor; values well below 1 mean the merge shrank the weights "
+    "(ρ = 1/√N for N mutually orthogonal inputs averaged). The activation-variance and effective-rank ratios compare "
+    "the merged model's hidden states with its inputs' on a probe set; KL is KL(expert ‖ merged) of next-token "
+    "distributions, in nats."
+)
 
-# {{ model_name }}
 
-This model is a merge of {{ n_inputs }} pre-trained language model{{ "s" if n_inputs != 1 else "" }} made with \
-**{{ method }}** by [hf_stable](https://github.com/hf-stable/hf_stable)'s streaming merge engine \
-(`hf-stable merge`).
+def _render(data: ModelCardData, *, model_name, n_inputs, method, method_text, inputs, base, recipe, diagnostics,
+            model_id, versions, citations) -> str:  # fmt: skip
+    """The card as markdown with YAML front matter (plain formatting: no template engine to load per merge)."""
+    out = ["---", data.to_yaml(), "---", "", f"# {model_name}", ""]
+    out += [
+        f"This model is a merge of {n_inputs} pre-trained language model{'s' if n_inputs != 1 else ''} made with "
+        f"**{method}** by [hf_stable](https://github.com/hf-stable/hf_stable)'s streaming merge engine "
+        "(`hf-stable merge`).",
+        "",
+        "## Method",
+        "",
+        method_text,
+        "",
+        "## Inputs",
+        "",
+        "| model | weight |",
+        "|---|---|",
+        *(f"| `{name}` | {weight} |" for name, weight in inputs),
+    ]
+    if base:
+        out += ["", f"Base model: `{base}`."]
+    out += ["", "## Recipe", "", f"The recipe (also saved as `{RECIPE_FILE}`):", "", "```yaml", recipe, "```"]
+    if diagnostics:
+        out += ["", "## Diagnostics", "", DIAGNOSTICS_TEXT, "", "| statistic | value |", "|---|---|"]
+        out += [f"| {key} | {value} |" for key, value in diagnostics]
+    out += [
+        "",
+        "## How to use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'model = AutoModelForCausalLM.from_pretrained("{model_id}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")',
+        "```",
+        "",
+        f"To reproduce the merge: `hf-stable merge {RECIPE_FILE} ./merged`.",
+        "",
+        "## Framework versions",
+        "",
+        *(f"- {name}: {v}" for name, v in versions),
+    ]
+    if citations:
+        out += ["", "## Citations"]
+        for citation in citations:
+            out += ["", "```bibtex", citation, "```"]
+    return "\n".join(out) + "\n"
 
-## Method
-
-{{ method_text }}
-
-## Inputs
-
-| model | weight |
-|---|---|
-{% for name, weight in inputs %}| `{{ name }}` | {{ weight }} |
-{% endfor %}{% if base %}
-Base model: `{{ base }}`.
-{% endif %}
-## Recipe
-
-The recipe (also saved as `{{ recipe_file }}`):
-
-```yaml
-{{ recipe }}
-```
-{% if diagnostics %}
-## Diagnostics
-
-Collapse diagnostics (hf_stable's `docs/merging.md`, "Diagnostics"). The norm ratio \
-ρ = ‖merged‖ / Σ α_i ‖input_i‖ is computed per tensor; values well below 1 mean the merge shrank the weights \
-(ρ = 1/√N for N mutually orthogonal inputs averaged). The activation-variance and effective-rank ratios compare \
-the merged model's hidden states with its inputs' on a probe set; KL is KL(expert ‖ merged) of next-token \
-distributions, in nats.
-
-| statistic | value |
-|---|---|
-{% for key, value in diagnostics %}| {{ key }} | {{ value }} |
-{% endfor %}{% endif %}
-## How to use
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{{ model_id }}")
-tokenizer = AutoTokenizer.from_pretrained("{{ model_id }}")
-```
-
-To reproduce the merge: `hf-stable merge {{ recipe_file }} ./merged`.
-
-## Framework versions
-
-{% for name, v in versions %}- {{ name }}: {{ v }}
-{% endfor %}{% if citations %}
-## Citations
-{% for citation in citations %}
-```bibtex
-{{ citation }}
-```
-{% endfor %}{% endif %}"""
 
 # Labels of the diagnostics summary keys (`hf_stable.merging.diagnostics.summary`), in display order.
 DIAGNOSTIC_LABELS = {
@@ -299,9 +293,8 @@ def merge_model_card(
     method_text, citations = method_info(method)
     diagnostics = _diagnostic_rows(diagnostics_summary or {})
     base = getattr(config, "base_model", None)
-    card = ModelCard.from_template(
+    card = _render(
         data,
-        template_str=TEMPLATE,
         model_name=model_name,
         n_inputs=len(config.models),
         method=method,
@@ -309,7 +302,6 @@ def merge_model_card(
         inputs=[(_displayed(ref), _weight(config, i)) for i, ref in enumerate(config.models)],
         base=_displayed(base) if base is not None else None,
         recipe=config.to_yaml(redact=True).strip(),
-        recipe_file=RECIPE_FILE,
         diagnostics=diagnostics,
         model_id=hub_model_id or model_name,
         versions=_versions(),

@@ -72,7 +72,8 @@ def kth_largest_abs(chunks: Callable[[], Iterable[torch.Tensor]], k: int) -> flo
 
 
 class RadixSelect:
-    """The k-th largest values (several ranks at once) of non-negative finite float32 scores streamed twice.
+    """The k-th largest values (several ranks at once) of non-negative finite float32 scores streamed twice
+    (for |x|, pass `x.abs()`).
 
     Usage: `add_high(chunk)` for every chunk, `finish_high()`, `add_low(chunk)` for every chunk (same chunks, any
     chunking), `result()` → one float per rank (`inf` for k ≤ 0). Same values as `kth_largest_abs`. The caller
@@ -88,7 +89,8 @@ class RadixSelect:
 
     @staticmethod
     def _bits(scores: torch.Tensor) -> torch.Tensor:
-        return scores.detach().reshape(-1).to(torch.float32).abs().view(torch.int32)
+        """int32 bit patterns of non-negative float32 scores (their order is the order of the values)."""
+        return scores.detach().reshape(-1).to(torch.float32).view(torch.int32)
 
     def add_high(self, scores: torch.Tensor) -> None:
         bits = self._bits(scores)

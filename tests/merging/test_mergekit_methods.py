@@ -127,28 +127,38 @@ def test_passthrough_copies_and_scales():
         merge_tensors("passthrough", [x, x])
 
 
-def test_karcher_weights_and_mergekit_uniform_case():
-    """`karcher` is fisher_rao: with uniform weights it is mergekit's Karcher mean (fp64 iteration here)."""
-    _, xs = _data(3, seed=7, spread=1.5)
-    vs = [_d(x) for x in xs]
+def _karcher_ref(vs, max_iter, tol):
+    """mergekit `karcher_merge_tensors` with uniform weights, in float64."""
     norms = [v.norm() for v in vs]
     units = [v / n for v, n in zip(vs, norms, strict=True)]
-    mean = sum(units) / 3
+    a = 1 / len(vs)
+    mean = sum(units) * a
     mean = mean / mean.norm()
-    for _ in range(200):
+    for _ in range(max_iter):
         tangent = torch.zeros_like(mean)
         for u in units:
             dot = torch.clamp(mean @ u, -1, 1)
             theta = torch.arccos(dot)
-            if theta > 1e-12:
-                tangent += (theta / torch.sin(theta)) * (u - dot * mean) / 3
+            if theta >= tol:
+                tangent += a * (theta / torch.sin(theta)) * (u - dot * mean)
         tn = tangent.norm()
-        if tn < 1e-14:
+        if tn < tol:
             break
         mean = torch.cos(tn) * mean + torch.sin(tn) * tangent / tn
         mean = mean / mean.norm()
-    expected = sum(norms) / 3 * mean
-    _close(merge_tensors("karcher", xs), expected, tol=1e-6)
+    return sum(norms) * a * mean
+
+
+def test_karcher_is_mergekits_karcher_mean_and_honours_weights():
+    """`karcher` is fisher_rao at mergekit's iteration defaults (max_iter 10, tol 1e-5): with uniform weights it is
+    mergekit's Karcher mean; with weights, it is fisher_rao's weighted mean."""
+    _, xs = _data(3, seed=7, spread=1.5)
+    vs = [_d(x) for x in xs]
+    _close(merge_tensors("karcher", xs), _karcher_ref(vs, 10, 1e-5), tol=1e-6)
+    _close(merge_tensors("fisher_rao", xs), _karcher_ref(vs, 500, 1e-13), tol=1e-6)
+    w = [1.0, 2.0, 3.0]
+    same = {"max_iter": 10, "tol": 1e-5}
+    _close(merge_tensors("karcher", xs, weights=w), merge_tensors("fisher_rao", xs, weights=w, params=same), tol=0)
 
 
 def test_arcee_fusion_fp64():
