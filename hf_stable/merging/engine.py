@@ -20,9 +20,12 @@ most `OUT.tmp` (removed by the next run); `OUT` only ever appears complete (atom
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -167,9 +170,10 @@ def merge(
         if dry_run:
             timings["total"] = time.perf_counter() - t_start
             return MergeResult(None, {}, timings, 0, 0, 0, plan, config)
-        result = _Execution(config, plan, readers, out, overwrite, diagnose, progress, timings).run(
-            hub_model_id, before_publish
-        )
+        with _steady_allocator():
+            result = _Execution(config, plan, readers, out, overwrite, diagnose, progress, timings).run(
+                hub_model_id, before_publish
+            )
     finally:
         for r in readers.values():
             r.close()
@@ -386,8 +390,10 @@ class _Execution:
 
     def _pieces(self, tp: TensorPlan, n: int):
         step = self.plan.piece_elems
-        if tp.row_local and tp.kind != "gram":
-            step = max(tp.row_len, step // tp.row_len * tp.row_len)
+        if tp.kind != "gram":  # N inputs and their temporaries are live at once: a quarter of the piece
+            step = max(1, step // 4)
+            if tp.row_local:
+                step = max(tp.row_len, step // tp.row_len * tp.row_len)
         for s in range(0, n, step):
             yield s, min(n, s + step) - s
 
@@ -572,6 +578,34 @@ class _Execution:
             rate = io.read_bytes / max(now - self._t0, 1e-9) / 1e9
             read_bw = io.read_bytes / io.read_s / 1e9
             self.bar.set_postfix_str(f"{rate:.2f} GB/s = {100 * rate / read_bw:.0f}% of the read bandwidth")
+
+
+@contextlib.contextmanager
+def _steady_allocator():
+    """Keep freed piece-sized temporaries in the heap for the duration of a merge (glibc only).
+
+    glibc returns blocks of 128 KiB and more to the OS when they are freed, so every temporary of a combine piece
+    would come back as fresh pages: a page fault per 4 KiB (measured: ~250k faults and a third of the time of a TIES
+    merge of a 31M-parameter model). Afterwards the heap is trimmed and glibc's documented static thresholds are set
+    back.
+    """
+    libc = None
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt, libc.malloc_trim  # noqa: B018 - both exist only in glibc
+    if libc is None:
+        yield
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 64 << 20)
+    libc.mallopt(m_trim_threshold, 256 << 20)
+    try:
+        yield
+    finally:
+        libc.mallopt(m_mmap_threshold, 128 << 10)
+        libc.mallopt(m_trim_threshold, 128 << 10)
+        libc.malloc_trim(0)
 
 
 def _itemsize(dtype: str) -> int:

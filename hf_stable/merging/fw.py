@@ -253,7 +253,7 @@ def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateS
                 tau = trim_top(theta - base[n], local.density)
                 del theta
                 disjoint_add(agree[n], count[n], tau, sign[n], 1.0)
-        merged = {n: disjoint_mean(agree[n], count[n]) for n in names}
+        merged = {n: disjoint_mean(agree[n], count[n], sign[n], [1.0]) for n in names}
     for n in names:
         params[n].copy_(base[n] + local.scaling * merged[n])
 

@@ -83,11 +83,9 @@ class _DareMethod(_RandomMethod):
                 "rescale: true or drop rescale_norm."
             )
 
-    def keep_masks(self, v, params, *, tensor_name, offset, seed, **kw):
-        dens = self._dens(params, v.shape[0])
-        if all(d >= 1 for d in dens):
-            return None
-        return dare_keep(v.shape[0], dens, tensor_name, offset, v.shape[-1], seed)
+    def sparsify(self, v, params, *, tensor_name, offset, seed, **kw):
+        keep = dare_keep(v.shape[0], self._dens(params, v.shape[0]), tensor_name, offset, v.shape[-1], seed)
+        return [None if k is None else v[i] * k for i, k in enumerate(keep)]
 
 
 @MERGE_METHODS.register(
@@ -137,20 +135,17 @@ class _DellaMethod(_RandomMethod):
                     f"{self.where}: `epsilon`={e} with `density`={d}: density ± epsilon must lie in (0, 1)."
                 )
 
-    def keep_masks(self, v, params, *, tensor_name, offset, seed, row_len=None, **kw):
+    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, **kw):
         n_models, n = v.shape
         dens = self._dens(params, n_models)
-        if all(d >= 1 for d in dens):
-            return None
         eps = _per_model(params["epsilon"], n_models, "epsilon", self.name)
-        row_len = row_len or n
         out = []
         for i in range(n_models):
             if dens[i] >= 1:
                 out.append(None)
                 continue
-            p = della_probabilities(v[i].abs(), row_len, dens[i], eps[i])
-            out.append(rng.uniform(seed, i, tensor_name, offset, n) < p)
+            p = della_probabilities(v[i].abs(), row_len or n, dens[i], eps[i])
+            out.append(v[i] * (rng.uniform(seed, i, tensor_name, offset, n) < p))
         return out
 
 

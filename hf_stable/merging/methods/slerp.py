@@ -138,8 +138,7 @@ class NuSlerpMethod(ElementwiseMethod, GramMethod):
             )
 
     def row_local_for(self, params) -> bool:
-        p = self.resolve(params)
-        return not p["nuslerp_flatten"] and not p["nuslerp_row_wise"]
+        return not self.resolve(params)["nuslerp_flatten"]  # rows, or columns gathered row by row
 
     def needs_sums(self, params) -> bool:
         p = self.resolve(params)

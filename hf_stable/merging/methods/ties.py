@@ -22,6 +22,7 @@ Papers: TIES — Yadav et al. 2023, arXiv 2306.01708; Model Breadcrumbs — Dava
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,24 +46,23 @@ L1_EPS = 1e-7  # mergekit `rescaled_masked_tensor`: no rescale when either L1 no
 
 
 def gta_combine(
-    v: torch.Tensor,
+    v: torch.Tensor | list[torch.Tensor],
     weights: torch.Tensor,
     *,
-    keep: list[torch.Tensor | None] | None = None,
     divide: list[float] | None = None,
     multiply: list[float] | None = None,
     consensus: bool = True,
     normalize: bool = True,
     lam: float = 1.0,
 ) -> torch.Tensor:
-    """Generalised task arithmetic on one chunk, elementwise (any chunking gives bitwise the same result).
+    """Generalised task arithmetic on one chunk of sparsified task vectors, elementwise (any chunking gives bitwise
+    the same result).
 
     Args:
-        v: `(N, n)` float32 task vectors.
+        v: `(N, n)` float32 task vectors (or N `(n,)` tensors), dropped entries already zero (`sparsify`).
         weights: `(N,)` per-model weights.
-        keep: per model a `(n,)` bool mask of kept entries (None = keep all).
-        divide: per model a divisor applied to kept entries (DARE's 1/density rescale), or None.
-        multiply: per model a factor applied to kept entries (the L1 rescale), or None.
+        divide: per model a divisor applied to the kept entries (DARE's 1/density rescale), or None.
+        multiply: per model a factor applied to the kept entries (the L1 rescale), or None.
         consensus: TIES sign election + disjoint merge; otherwise a plain weighted sum.
         normalize: divide by the (agreeing) weight sum.
         lam: final scale λ.
@@ -70,33 +70,28 @@ def gta_combine(
     Returns:
         `(n,)` float32 merged task vector.
     """
-    v = v.float()
-    n_models = v.shape[0]
+    rows = [t.float() for t in v]
+    n_models = len(rows)
     w = [float(x) for x in torch.as_tensor(weights).reshape(-1).tolist()]
     if len(w) != n_models:
         raise ValueError(f"weights has {len(w)} entries for {n_models} models.")
     weighted = []
-    for i in range(n_models):
-        t = v[i]
-        if keep is not None and keep[i] is not None:
-            # a 0/1 factor rather than torch.where: a dropped entry becomes ±0, which never agrees and adds nothing
-            t = t * (keep[i] if keep[i].dtype == torch.float32 else keep[i].to(torch.float32))
+    for i, t in enumerate(rows):
         if divide is not None and divide[i] != 1.0:
             t = t / divide[i]
         if multiply is not None and multiply[i] != 1.0:
             t = t * multiply[i]
-        weighted.append(t * w[i])
+        weighted.append(t * w[i] if w[i] != 1.0 else t)  # x · 1 = x exactly: the multiply is skipped
     # Explicit left-to-right sums (not .sum(dim=0)) keep the rounding independent of the chunk length.
     if consensus:
         total = weighted[0].clone()
         for t in weighted[1:]:
             total.add_(t)
         majority = elect(total)
-        mixed, divisor = torch.zeros_like(total), torch.zeros_like(total)
+        agreeing, divisor = torch.zeros_like(total), torch.zeros_like(total)
         for i, t in enumerate(weighted):
-            disjoint_add(mixed, divisor, t, majority, w[i])
-        if normalize:
-            mixed = disjoint_mean(mixed, divisor)
+            disjoint_add(agreeing, divisor, t, majority, w[i])
+        mixed = disjoint_mean(agreeing, divisor, majority, w) if normalize else agreeing.mul_(majority)
     else:
         mixed = weighted[0].clone()
         for t in weighted[1:]:
@@ -110,8 +105,11 @@ def gta_combine(
     return mixed
 
 
-# The election and the disjoint mean use 0/1 float factors instead of boolean masks (`torch.where`, `==`): on CPU
-# those run several times slower than float arithmetic, and the factors give the same values.
+# The election and the disjoint mean use float arithmetic instead of boolean masks (`torch.where`, `==`), which run
+# several times slower on CPU, with the same values:
+# * the agreeing entries of one position all have the majority sign m, so their sum is m · Σ|x| exactly (IEEE
+#   addition is symmetric in sign), and |x| where sign(x) = m is relu(x · m);
+# * a model agrees where relu(x · m) > 0, so its weight enters the divisor as sign(relu(x · m)) · w.
 def elect(total: torch.Tensor) -> torch.Tensor:
     """TIES sign election: +1 where `Σ_i w_i τ̃_i ≥ 0`, else −1 ("sum" consensus; 0 counts as +).
 
@@ -120,26 +118,38 @@ def elect(total: torch.Tensor) -> torch.Tensor:
     return torch.copysign(torch.ones((), dtype=total.dtype), total)
 
 
-def disjoint_add(mixed: torch.Tensor, divisor: torch.Tensor, weighted: torch.Tensor, majority, w: float) -> None:
-    """Add one model's `w_i τ̃_i` where its sign agrees with the majority (zeros never agree), and `w_i` there."""
-    agree = torch.sign(weighted).mul_(majority).clamp_(min=0)  # 1 where sign(τ) == majority, else 0
-    mixed.add_(weighted * agree)
-    divisor.add_(agree.mul_(w))
+def disjoint_add(agreeing: torch.Tensor, divisor: torch.Tensor, weighted: torch.Tensor, majority, w: float) -> None:
+    """Add one model's |w_i τ̃_i| where its sign is the majority's (zeros never agree) to `agreeing`, and `w_i` there
+    to `divisor`."""
+    r = (weighted * majority).clamp_(min=0)
+    agreeing.add_(r)
+    agree = torch.sign(r)
+    divisor.add_(agree if w == 1.0 else agree.mul_(w))
 
 
-def disjoint_mean(mixed: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
-    """`mixed / divisor`, with 1 where no model agrees (`divisor + (1 − sign|divisor|)` adds exactly 0 elsewhere)."""
-    return mixed / divisor.add(torch.sign(divisor.abs()).neg_().add_(1))
+def disjoint_mean(agreeing: torch.Tensor, divisor: torch.Tensor, majority, weights=None) -> torch.Tensor:
+    """`majority · agreeing / divisor`, with 1 where no model agrees (`agreeing` is 0 there).
+
+    With positive weights the divisor is 0 or at least the smallest weight, so raising it to that weight changes only
+    the zeros; otherwise `divisor + (1 − sign|divisor|)` adds exactly 0 where it is not 0.
+    """
+    if weights is not None and all(x > 0 for x in weights):
+        divisor = divisor.clamp_(min=min(weights))
+    else:
+        divisor = divisor.add(torch.sign(divisor.abs()).neg_().add_(1))
+    return agreeing.mul_(majority).div_(divisor)
 
 
-def at_least(a: torch.Tensor, threshold: float) -> torch.Tensor:
-    """`(a ≥ threshold)` as a 0/1 float32 factor (the sign of `a − threshold` is exact for finite values)."""
-    return torch.sign(a - threshold).add_(1).clamp_(max=1)
+def previous_float(x: float) -> float:
+    """The largest float32 below `x` (`|t| > previous_float(x)` ⟺ `|t| ≥ x` for float32 t)."""
+    return float(torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(-math.inf)))
 
 
-def below(a: torch.Tensor, threshold: float) -> torch.Tensor:
-    """`(a < threshold)` as a 0/1 float32 factor."""
-    return torch.sign(a - threshold).neg_().clamp_(min=0)
+def keep_at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
+    """`t` with the entries whose |t| is below `threshold` set to +0: one `hardshrink` at the float32 just below it."""
+    if threshold <= 0:
+        return t
+    return torch.nn.functional.hardshrink(t, previous_float(threshold)) if math.isfinite(threshold) else t * 0.0
 
 
 def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
@@ -149,16 +159,7 @@ def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
         return tau
     from hf_stable.merging.quantile import kth_largest_abs_tensor
 
-    threshold = kth_largest_abs_tensor(tau, keep_count(density, tau.numel()))
-    return tau * at_least(tau.abs(), threshold)
-
-
-def magnitude_keep(v: torch.Tensor, thresholds: torch.Tensor | None) -> list[torch.Tensor | None] | None:
-    """Per-model `|v_i| ≥ thr_i` 0/1 factors (`v (N, n)`, `thresholds (N,)`); None entries keep all."""
-    if thresholds is None:
-        return None
-    thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
-    return [None if t <= 0.0 else at_least(v[i].abs(), t) for i, t in enumerate(thr)]
+    return keep_at_least(tau.float(), kth_largest_abs_tensor(tau, keep_count(density, tau.numel())))
 
 
 def l1_factors(sums: list[tuple[float, float]] | None, n_models: int) -> list[float]:
@@ -171,7 +172,7 @@ def l1_factors(sums: list[tuple[float, float]] | None, n_models: int) -> list[fl
 class GeneralizedTaskArithmetic(ElementwiseMethod):
     """Shared parameters, sums and combine of the sparsified task-arithmetic methods (mergekit GTA merges).
 
-    Subclasses set `consensus` (sign election) and implement `keep_masks` (per-model kept entries of a chunk).
+    Subclasses set `consensus` (sign election) and implement `sparsify` (per model the kept entries of a chunk).
     """
 
     consensus = True
@@ -212,25 +213,25 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
     def new_sums(self, n_models: int) -> list[list[float]]:
         return [[0.0, 0.0] for _ in range(n_models)]
 
-    def keep_masks(self, v, params, **kw):
-        """Per-model `(n,)` bool kept entries of one chunk (None = all); `kw` are `combine`'s keywords."""
+    def sparsify(self, v, params, **kw) -> list[torch.Tensor | None]:
+        """Per model the chunk's task vector with the dropped entries zeroed (None: the model keeps everything);
+        `kw` are `combine`'s keywords."""
         raise NotImplementedError
 
     def accumulate(self, sums, v, weights, params, **kw):
-        p = self.resolve(params)
-        keep = self.keep_masks(v, p, **kw)
+        kept = self.sparsify(v, self.resolve(params), **kw)
         for i in range(v.shape[0]):
-            a = v[i].abs()
-            sums[i][0] += float(a.sum(dtype=torch.float64))
-            kept = a if keep is None or keep[i] is None else a * keep[i]
-            sums[i][1] += float(kept.sum(dtype=torch.float64))
+            whole = float(v[i].abs().sum(dtype=torch.float64))
+            sums[i][0] += whole
+            sums[i][1] += whole if kept[i] is None else float(kept[i].abs().sum(dtype=torch.float64))
 
     def combine(self, v, weights, params, *, sums=None, **kw):
         p = self.resolve(params)
         n_models = v.shape[0]
-        keep = self.keep_masks(v, p, **kw)
+        sparse = self.sparsify(v, p, **kw)
+        kept = [v[i] if k is None else k for i, k in enumerate(sparse)]
         divide = multiply = None
-        if p["rescale"] and keep is not None:
+        if p["rescale"] and any(k is not None for k in sparse):
             if p.get("rescale_norm", "l1") == "inverse_density":
                 divide = list(_per_model(p["density"], n_models, "density", self.name))
             else:
@@ -238,9 +239,8 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
                     raise ValueError(f"{self.where}: rescale needs the whole-tensor L1 norms (sums=None)")
                 multiply = l1_factors(sums, n_models)
         return gta_combine(
-            v,
+            kept,
             weights,
-            keep=keep,
             divide=divide,
             multiply=multiply,
             consensus=self.consensus,
@@ -256,8 +256,11 @@ class _MagnitudeMethod(GeneralizedTaskArithmetic):
         d = self.densities(params, n_models)
         return None if d is None else [(keep_count(x, numel),) for x in d]
 
-    def keep_masks(self, v, params, *, thresholds=None, **kw):
-        return magnitude_keep(v, thresholds)
+    def sparsify(self, v, params, *, thresholds=None, **kw):
+        if thresholds is None:
+            return [None] * v.shape[0]
+        thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
+        return [None if t <= 0 else keep_at_least(v[i], t) for i, t in enumerate(thr)]
 
 
 @MERGE_METHODS.register(
@@ -302,14 +305,14 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
             out.append((top_cut, top_cut + k))
         return out
 
-    def keep_masks(self, v, params, *, thresholds=None, **kw):
+    def sparsify(self, v, params, *, thresholds=None, **kw):
         if thresholds is None:
-            return None
+            return [None] * v.shape[0]
         thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(v.shape[0], 2).tolist()
         out = []
         for i, (hi, lo) in enumerate(thr):
-            a = v[i].abs()
-            out.append(at_least(a, lo).mul_(below(a, hi)))
+            low = keep_at_least(v[i], lo)
+            out.append(low - keep_at_least(low, hi) if math.isfinite(hi) else low)  # x − x = +0 above hi
         return out
 
 
