@@ -572,10 +572,11 @@ def _apply_buffers(plan: MergePlan, plans: list[TensorPlan], checkpoints, budget
             f"chunk of {min_elems} elements needs {need} bytes with its ring, scratch and Gram buffers; use "
             f"memory_budget of at least {need} bytes ({need / 2**20:.2f} MiB)"
         )
-    ring, scratch, staging = total(e, min(block, e) if e < GRAM_BLOCK else block)
+    block = min(block, GRAM_BLOCK)
+    ring, scratch, staging = total(e, block)
     left = min(budget, RESIDENT_CAP) - ring - scratch - staging
     plan.chunk_elems, plan.piece_elems = e, piece_of(e)
-    plan.gram_block = min(block, e) if e < GRAM_BLOCK else block
+    plan.gram_block = block
     plan.ring_bytes, plan.scratch_bytes, plan.staging_bytes = ring, scratch, staging
     plan.slot_in_bytes, plan.slot_out_bytes = e * in_bytes, e * out_bytes
     plan.max_inputs = n_max

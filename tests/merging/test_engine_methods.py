@@ -133,3 +133,36 @@ def test_buffers_do_not_grow_with_the_budget(pico_models, tmp_path):
     assert sizes[0].chunk_elems == sizes[1].chunk_elems
     with pytest.raises(ValueError, match=r"too small for tensor .* at least \d+ bytes"):
         merge(cfg, tmp_path / "x", memory_budget=500, dry_run=True)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "base"),
+    [
+        ("karcher", {}, False),
+        ("fisher_rao", {"space": "task_vector"}, True),
+        ("nre", {}, False),
+        ("multislerp", {}, True),
+        ("slerp", {"t": 0.3}, True),
+        ("ties", {"density": 0.5, "rescale": True}, True),
+    ],
+)
+def test_chunk_and_piece_sizes_do_not_change_a_bit(pico_models, tmp_path, monkeypatch, method, params, base):
+    """Bitwise tiling invariance: chunks and combine pieces of 64, 1000 elements or the default give the same bytes;
+    the fp64 Gram is summed in fixed blocks whatever the chunking."""
+    import hf_stable.merging.plan as plan_mod
+
+    experts = pico_models["experts"][:1] if method == "slerp" else pico_models["experts"]
+    kw = {"base_model": pico_models["base"]} if base else {}
+    cfg = MergeConfig.build(method, experts, parameters=params, **kw)
+    outs = []
+    for i, size in enumerate((None, 1000, 64)):
+        if size is not None:
+            monkeypatch.setattr(plan_mod, "MAX_CHUNK_ELEMS", size)
+            monkeypatch.setattr(plan_mod, "PIECE_ELEMS", min(size, plan_mod.PIECE_ELEMS))
+        res = merge(cfg, tmp_path / f"o{i}", progress=False)
+        if size is not None:
+            assert res.plan.chunk_elems == size and res.plan.gram_block == plan_mod.GRAM_BLOCK
+            assert any(len(t.chunks) > 1 for t in res.plan.tensors)
+        outs.append(load_folder_state_dict(tmp_path / f"o{i}"))
+    for other in outs[1:]:
+        assert all(torch.equal(outs[0][k], other[k]) for k in outs[0])
