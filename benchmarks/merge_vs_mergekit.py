@@ -62,6 +62,7 @@ METHODS = ("linear", "task_arithmetic", "ties", "karcher")
 TARGET_SPEED = {"linear": 0.5, "task_arithmetic": 0.5, "ties": 0.3, "karcher": 0.4}  # time ≤ this × mergekit's
 FLOOR_FACTOR = {"linear": 2.0, "task_arithmetic": 2.0}  # time ≤ this × the read+write floor
 RSS_HEADROOM = 256 * MiB
+MERGEKIT_VERSION = "0.1.5"
 
 # Each runner prints one line `BENCH_JSON {...}` with the seconds spent after its imports.
 MERGEKIT_RUNNER = """
@@ -375,17 +376,35 @@ def table(rows):
 
 
 # ----------------------------------------------------------------------------------------------------------- main
+def ensure_mergekit(venv: Path) -> tuple[Path, str]:
+    """mergekit 0.1.5 in its own venv, created on first use; torch is pinned in the same pip command (else pip pulls
+    a multi-GB CUDA build)."""
+    py = venv / "bin" / "python"
+    code = "import mergekit, torch; from importlib.metadata import version; print(version('mergekit'))"
+    probe = [str(py), "-c", code]
+    if py.exists():
+        ok = subprocess.run(probe, capture_output=True, text=True)
+        if ok.returncode == 0:
+            return py, ok.stdout.strip()
+    print(f"creating {venv} with mergekit=={MERGEKIT_VERSION} (torch==2.13.0 pinned) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "--quiet", f"mergekit=={MERGEKIT_VERSION}", "torch==2.13.0"]
+    done = subprocess.run(pip, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"pip install mergekit failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    ok = subprocess.run(probe, capture_output=True, text=True)
+    if ok.returncode != 0:
+        sys.exit(f"mergekit installed but does not import:\n{ok.stderr[-2000:]}")
+    return py, ok.stdout.strip()
+
+
 def main(args):
     started = datetime.datetime.now(datetime.timezone.utc)
     workdir = Path(args.workdir)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
-    mk_python = Path(args.mergekit_venv).resolve() / "bin" / "python"
-    mk_version = subprocess.run(
-        [str(mk_python), "-c", "from importlib.metadata import version; print(version('mergekit'))"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    mk_python, mk_version = ensure_mergekit(Path(args.mergekit_venv).resolve())
     base, models = ensure_checkpoints(workdir / args.size, args.size, max(args.n), args.seed)
     out_root = workdir / "out"
     baseline = max(measure([sys.executable, "-c", BASELINE_RUNNER], env)["peak_anon"] for _ in range(3))
