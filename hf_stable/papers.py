@@ -322,6 +322,27 @@ PAPERS = {
             2025,
         ),
         _arxiv(
+            "breadcrumbs",
+            "Model Breadcrumbs: Scaling Multi-Task Model Merging with Sparse Masks",
+            "2312.06795",
+            2023,
+            "Davari, MohammadReza and Belilovsky, Eugene",
+        ),
+        _arxiv(
+            "della",
+            "DELLA-Merging: Reducing Interference in Model Merging through Magnitude-Based Sampling",
+            "2406.11617",
+            2024,
+            "Deep, Pala Tej and Bhardwaj, Rishabh and Poria, Soujanya",
+        ),
+        _arxiv(
+            "model_stock",
+            "Model Stock: All we need is just a few fine-tuned models",
+            "2403.19522",
+            2024,
+            "Jang, Dong-Hwan and Yun, Sangdoo and Han, Dongyoon",
+        ),
+        _arxiv(
             "fw_merging",
             "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization",
             "2503.12649",
@@ -329,19 +350,4 @@ PAPERS = {
             "Chen, Hao Mark and others",
         ),
     )
-}
-
-# Merge methods (`hf_stable.merging`) → the PAPERS keys they cite (model cards, docs).
-MERGE_METHOD_PAPERS = {
-    "linear": ("model_soups",),
-    "task_arithmetic": ("task_arithmetic",),
-    "ties": ("ties",),
-    "dare_linear": ("dare",),
-    "dare_ties": ("dare", "ties"),
-    "fisher_rao": ("fisher_rao_merging",),
-    "karcher": ("fisher_rao_merging",),
-    "nre": ("fisher_rao_merging",),
-    "nre_unit": ("fisher_rao_merging",),
-    "wsm": ("wsm",),
-    "fw_merging": ("fw_merging",),
 }

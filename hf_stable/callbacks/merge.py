@@ -1,4 +1,4 @@
-"""Merging at the end of training (spec `merging.md` §0.6): `MergeOnTrainEndCallback` merges the trained model with a
+"""Merging at the end of training: `MergeOnTrainEndCallback` merges the trained model with a
 base and/or a pool of saved checkpoints with any `MERGE_METHODS` method, and `PushMergedToHubCallback` pushes a merged
 folder to the Hub.
 
@@ -79,15 +79,8 @@ def _drop_tied_duplicates(model, full: dict, others: list[dict]) -> dict:
 
 
 def _budget_bytes(memory_budget) -> int:
-    try:
-        from ..merging.plan import parse_size
-    except ImportError:  # pragma: no cover - helper "io" not merged yet
-        units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-        if isinstance(memory_budget, int):
-            return memory_budget
-        text = str(memory_budget).strip().upper()
-        digits = text.rstrip("KMGIB")
-        return int(float(digits) * units[text[len(digits) :]])
+    from ..merging.compat import parse_size
+
     return parse_size(memory_budget)
 
 
@@ -191,7 +184,7 @@ class MergeOnTrainEndCallback(TrainerCallback):
         )
         dtypes = {n: t.dtype for n, t in full.items()}
         merged = {n: t.to(dtypes.get(n, t.dtype)) for n, t in merged.items()}
-        save_model_folder(bare, out, state_dict=merged, processing_class=processing_class, card=self._card())
+        save_model_folder(bare, out, state_dict=merged, processing_class=processing_class, card=self._card(args, out))
 
     def _merge_with_engine(self, args, bare, full, out, processing_class) -> None:
         from ..merging.config import MergeConfig
@@ -200,30 +193,30 @@ class MergeOnTrainEndCallback(TrainerCallback):
         final = os.path.join(args.output_dir, "merge-final-weights")
         save_model_folder(bare, final, state_dict=full, processing_class=processing_class)
         try:
-            models = []
-            for i, path in enumerate([final, *self.pool]):
-                entry = {"model": path}
-                if self.weights is not None:
-                    entry["parameters"] = {"weight": self.weights[i]}
-                models.append(entry)
-            recipe = {"merge_method": self.method, "models": models, "parameters": self.params, "seed": self.seed}
-            base_folder = self._base_folder(args)
-            if base_folder is not None:
-                recipe["base_model"] = base_folder
-            merge(MergeConfig.from_dict(recipe), out, memory_budget=self.memory_budget, progress=False, overwrite=True)
+            recipe = MergeConfig.from_dict(self._recipe(args, final))
+            merge(recipe, out, memory_budget=self.memory_budget, progress=False, overwrite=True)
         finally:
             shutil.rmtree(final, ignore_errors=True)
 
-    def _card(self) -> str:
-        parents = [p for p in self.pool] + ([self.base] if self.base not in (None, "initial") else [])
-        lines = "".join(f"- {p}\n" for p in parents)
-        return (
-            "---\nlibrary_name: transformers\nbase_model_relation: merge\ntags:\n- hf_stable\n- merge\n"
-            f"- {self.method}\n---\n\n# Merged at the end of training\n\n"
-            f"The trained model merged by hf_stable's `MergeOnTrainEndCallback` with method `{self.method}` "
-            f"(parameters {self.params}, weights {self.weights}, base {self.base!r}).\n\n"
-            + (f"Other inputs:\n\n{lines}" if lines else "")
-        )
+    def _recipe(self, args, trained: str) -> dict:
+        """The merge as a recipe (the card's and the engine's): the trained model first, then the pool."""
+        models = []
+        for i, path in enumerate([trained, *self.pool]):
+            entry = {"model": path}
+            if self.weights is not None:
+                entry["parameters"] = {"weight": self.weights[i]}
+            models.append(entry)
+        recipe = {"merge_method": self.method, "models": models, "parameters": dict(self.params), "seed": self.seed}
+        base_folder = self._base_folder(args)
+        if base_folder is not None:
+            recipe["base_model"] = base_folder
+        return recipe
+
+    def _card(self, args, out: str) -> str:
+        """The same card builder as `hf-stable merge` (local paths named by folder, Hub ids in `base_model`)."""
+        from ..merging.card import merge_model_card
+
+        return merge_model_card(self._recipe(args, args.output_dir), {"output_dir": out})
 
 
 class PushMergedToHubCallback(TrainerCallback):

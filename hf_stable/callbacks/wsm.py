@@ -1,4 +1,4 @@
-"""`WSMCallback`: Warmup-Stable and Merge during training (arXiv 2507.17634; spec `merging.md` §4.3).
+"""`WSMCallback`: Warmup-Stable and Merge during training (arXiv 2507.17634; docs/merging.md, "WSM").
 
 Train at a constant learning rate after warm-up; every `s` optimiser steps the callback snapshots the trainable
 weights. It keeps the fp32 window base `B`, the latest snapshot `prev` and a ring of the last `k` deltas
@@ -20,7 +20,7 @@ window of its own shard (the merge is elementwise-linear, so shard-local) and th
 `hf_stable.distributed.gather_full_state_dict` (FSDP2/ZeRO-3 paths untested here). Collectives and barriers run on
 every rank.
 
-Not implemented from §4.3: asynchronous device-to-host copies on a side CUDA stream (copies are synchronous),
+Not implemented: asynchronous device-to-host copies on a side CUDA stream (copies are synchronous),
 `source="master"` (the model's parameters are snapshotted), `delta_reference="reconstructed"`, the LoRA modes other
 than `"factors"` (adapter factors are averaged like any other trainable tensor), Hub pushes of `wsm-step-N` branches.
 """
@@ -105,11 +105,11 @@ def _available_ram() -> int | None:
 
 
 class WSMCallback(TrainerCallback):
-    """Warmup-Stable and Merge: checkpoint merging that emulates a learning-rate decay (spec §4.3).
+    """Warmup-Stable and Merge: checkpoint merging that emulates a learning-rate decay (arXiv 2507.17634).
 
     Args:
         schedule: the decay to emulate: `"1-sqrt"` (default), `"linear"`, `"cosine"`, `"inv_sqrt:a"`, `"exp:b"`,
-            `"wsd:r:shape"`, `"ema:a"`, `"uniform"` or a callable `f(τ)` on [0, 1], non-increasing (§4.2).
+            `"wsd:r:shape"`, `"ema:a"`, `"uniform"` or a callable `f(τ)` on [0, 1], non-increasing.
         window_steps: merge duration `D` in optimiser steps; default `window_fraction × max_steps`.
         window_fraction: `D / max_steps` when `window_steps` is not given.
         interval_steps: snapshot interval `s`; default `D // num_intervals`. With both `window_steps` and
@@ -206,7 +206,7 @@ class WSMCallback(TrainerCallback):
         return [(n, p) for n, p in bare.named_parameters() if p.requires_grad]
 
     def _plan(self, args, state):
-        """D, s, k, window start from max_steps (spec §4.3 on_train_begin)."""
+        """D, s, k, window start from max_steps."""
         max_steps = state.max_steps
         warmup = args.get_warmup_steps(max_steps)
         k = self.num_intervals
@@ -233,8 +233,8 @@ class WSMCallback(TrainerCallback):
         if name not in CONSTANT_SCHEDULERS:
             logger.warning(
                 f"WSMCallback expects a constant learning rate after warm-up, but lr_scheduler_type={name!r}. WSM "
-                "emulates the decay by merging, and merging on top of a real decay brings no gain (WSM, §4.2): use "
-                "lr_scheduler_type='constant_with_warmup'."
+                "emulates the decay by merging, and merging on top of a real decay brings no gain (WSM, arXiv "
+                "2507.17634): use lr_scheduler_type='constant_with_warmup'."
             )
 
     def _choose_storage(self, args, n_params: int):

@@ -2,15 +2,18 @@
 
 Public API (imported lazily, so `import hf_stable.merging` does not import torch):
 
-* `MergeConfig` — a merge recipe (mergekit `models:` YAML superset), `MergeConfig.from_yaml(path_or_str)`.
+* `MergeConfig` — a merge recipe (mergekit `models:`/`slices:` YAML superset), `MergeConfig.from_yaml(path_or_str)`.
 * `merge(config, out_dir, *, memory_budget="2GB", dry_run=False, diagnose=False, progress=True, ...)` →
-  `MergeResult(output_dir, per_tensor_stats, timings, bytes_read, bytes_written, peak_tracked_bytes, plan)`.
+  `MergeResult(output_dir, per_tensor_stats, timings, bytes_read, bytes_written, peak_tracked_bytes, plan)`; the
+  output folder holds the weights, config and tokenizer files, the recipe and the model card.
 * `merge_tensors` / `merge_state_dicts` — in-memory merges (whole tensors resident); `get_merge_method`,
-  `MERGE_METHODS` — the method registry; `fw_merge` — data-driven FW-Merging (spec §5).
+  `MERGE_METHODS` — the method registry; `fw_merge` — data-driven FW-Merging (arXiv 2503.12649).
 
-Submodules: `io` (header parsing, byte-range reader, streaming writer), `plan` (compatibility checks, tiling),
-`methods` (the merge-method registry), `engine`/`pipeline`/`merge_plan` (the streaming engine), `reference`
-(in-memory merges), `gram`, `quantile`, `diagnostics`.
+Submodules, in the order a merge passes through them: `config` (the recipe), `resolve` (local folder or Hub),
+`compat` (can these checkpoints be merged), `plan` (per-tensor sources, parameters, passes and chunks), `engine`
+with `ring` (the buffer ring and its I/O thread), `io` (header parsing, byte-range reader, streaming writer),
+`card` (the model card), `hub` (push). The methods live in `methods` (registry); `gram`, `quantile`, `rng` are their
+numerics; `reference` merges in memory; `diagnostics`; `fw`, `fw_pool`, `fw_objectives` (FW-Merging).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ _LAZY = {
     "MergeConfig": "hf_stable.merging.config",
     "merge": "hf_stable.merging.engine",
     "MergeResult": "hf_stable.merging.engine",
-    "MergePlan": "hf_stable.merging.merge_plan",
+    "MergePlan": "hf_stable.merging.plan",
     "merge_tensors": "hf_stable.merging.reference",
     "merge_state_dicts": "hf_stable.merging.reference",
     "get_merge_method": "hf_stable.merging.methods",

@@ -12,7 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .config import DTYPE_NAMES, ModelRef, resolve_model_path
+from .config import DTYPE_NAMES
+from .resolve import resolve_model_path
 
 
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -43,7 +44,15 @@ def _tokenizer_folder(config, plan) -> Path:
             return Path(path)
     if plan.base is not None and source == plan.base:
         return Path(plan.base_path)
-    return Path(resolve_model_path(ModelRef.parse(source, "tokenizer_source")))
+    return Path(resolve_model_path(source))
+
+
+def _override(data: dict, overrides: dict) -> None:
+    """Set the overridden keys where the model's config holds them (top level or `text_config`)."""
+    for key, value in overrides.items():
+        targets = [c for c in (data, data.get("text_config")) if isinstance(c, dict) and key in c]
+        for c in targets or [data]:
+            c[key] = value
 
 
 def copy_side_files(config, plan, out: Path) -> list[str]:
@@ -55,12 +64,14 @@ def copy_side_files(config, plan, out: Path) -> list[str]:
         src = ref_folder / name
         if not src.is_file():
             continue
-        if name == "config.json" and (config.out_dtype or config.dtype):
+        if name == "config.json" and (config.out_dtype or config.dtype or plan.config_overrides):
             data = json.loads(src.read_text(encoding="utf-8"))
-            dtype = _TORCH_NAMES.get(DTYPE_NAMES[config.out_dtype or config.dtype])
-            for key in ("dtype", "torch_dtype"):
-                if key in data and dtype:
-                    data[key] = dtype
+            if config.out_dtype or config.dtype:
+                dtype = _TORCH_NAMES.get(DTYPE_NAMES[config.out_dtype or config.dtype])
+                for key in ("dtype", "torch_dtype"):
+                    if key in data and dtype:
+                        data[key] = dtype
+            _override(data, plan.config_overrides)
             (out / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         else:
             shutil.copyfile(src, out / name)

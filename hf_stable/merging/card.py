@@ -4,11 +4,13 @@ Metadata follows mergekit's `mergekit/card.py` conventions (a `base_model` list 
 YAML, `library_name: transformers`) and the Hub's model tree (`base_model_relation: merge`, hub-docs
 `docs/hub/model-cards.md`), written with `huggingface_hub.ModelCardData` so the front matter round-trips through
 `ModelCard`. The body adds what a merge user needs to judge the result: the method and its paper, the inputs and
-their weights, the collapse diagnostics summary (spec `merging.md` §3.5) and how to load and reproduce the merge.
+their weights, the collapse diagnostics summary (docs/merging.md, "Diagnostics") and how to load and reproduce the
+merge. One builder serves the CLI, the `merge()` API and the training callbacks.
 
-Parents in `base_model`: Hub ids as written (without `@revision`); local checkpoints by their folder name, so that
-no local path (user names, mount points) reaches the Hub. No token ever enters the card: only the recipe and the
-diagnostics are rendered, and any string that looks like a Hub token is masked as a last line of defence.
+No local path (user names, mount points) reaches the Hub: `base_model` lists only the parents that are Hub ids (as
+mergekit does, without `@revision`), and the body and the embedded recipe name local checkpoints by their folder
+name. No token ever enters the card: only the recipe and the diagnostics are rendered, and any string that looks
+like a Hub token is masked as a last line of defence.
 """
 
 from __future__ import annotations
@@ -20,72 +22,71 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import ModelCardData
+
+from .resolve import is_hub_id, split_revision
+
 
 CARD_FILE = "README.md"
 RECIPE_FILE = "hf_stable_merge.yaml"
 
-TEMPLATE = """---
-{{ card_data }}
----
+DIAGNOSTICS_TEXT = (
+    "Collapse diagnostics (hf_stable's `docs/merging.md`, \"Diagnostics\"). The norm ratio "
+    "ρ = ‖merged‖ / Σ α_i ‖input_i‖ is computed per tensor; values well below 1 mean the merge shrank the weights "
+    "(ρ = 1/√N for N mutually orthogonal inputs averaged). The activation-variance and effective-rank ratios compare "
+    "the merged model's hidden states with its inputs' on a probe set; KL is KL(expert ‖ merged) of next-token "
+    "distributions, in nats."
+)
 
-# {{ model_name }}
 
-This model is a merge of {{ n_inputs }} pre-trained language model{{ "s" if n_inputs != 1 else "" }} made with \
-**{{ method }}** by [hf_stable](https://github.com/hf-stable/hf_stable)'s streaming merge engine \
-(`hf-stable merge`).
+def _render(data: ModelCardData, *, model_name, n_inputs, method, method_text, inputs, base, recipe, diagnostics,
+            model_id, versions, citations) -> str:  # fmt: skip
+    """The card as markdown with YAML front matter (plain formatting: no template engine to load per merge)."""
+    out = ["---", data.to_yaml(), "---", "", f"# {model_name}", ""]
+    out += [
+        f"This model is a merge of {n_inputs} pre-trained language model{'s' if n_inputs != 1 else ''} made with "
+        f"**{method}** by [hf_stable](https://github.com/hf-stable/hf_stable)'s streaming merge engine "
+        "(`hf-stable merge`).",
+        "",
+        "## Method",
+        "",
+        method_text,
+        "",
+        "## Inputs",
+        "",
+        "| model | weight |",
+        "|---|---|",
+        *(f"| `{name}` | {weight} |" for name, weight in inputs),
+    ]
+    if base:
+        out += ["", f"Base model: `{base}`."]
+    out += ["", "## Recipe", "", f"The recipe (also saved as `{RECIPE_FILE}`):", "", "```yaml", recipe, "```"]
+    if diagnostics:
+        out += ["", "## Diagnostics", "", DIAGNOSTICS_TEXT, "", "| statistic | value |", "|---|---|"]
+        out += [f"| {key} | {value} |" for key, value in diagnostics]
+    out += [
+        "",
+        "## How to use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'model = AutoModelForCausalLM.from_pretrained("{model_id}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_id}")',
+        "```",
+        "",
+        f"To reproduce the merge: `hf-stable merge {RECIPE_FILE} ./merged`.",
+        "",
+        "## Framework versions",
+        "",
+        *(f"- {name}: {v}" for name, v in versions),
+    ]
+    if citations:
+        out += ["", "## Citations"]
+        for citation in citations:
+            out += ["", "```bibtex", citation, "```"]
+    return "\n".join(out) + "\n"
 
-## Method
-
-{{ method_text }}
-
-## Inputs
-
-| model | weight |
-|---|---|
-{% for name, weight in inputs %}| `{{ name }}` | {{ weight }} |
-{% endfor %}{% if base %}
-Base model: `{{ base }}`.
-{% endif %}
-## Recipe
-
-The recipe (also saved as `{{ recipe_file }}`):
-
-```yaml
-{{ recipe }}
-```
-{% if diagnostics %}
-## Diagnostics
-
-Collapse diagnostics (hf_stable `merging.md` §3.5). The norm ratio ρ = ‖merged‖ / Σ α_i ‖input_i‖ is computed per \
-tensor; values well below 1 mean the merge shrank the weights (ρ = 1/√N for N mutually orthogonal inputs \
-averaged). The activation-variance and effective-rank ratios compare the merged model's hidden states with its \
-inputs' on a probe set; KL is KL(expert ‖ merged) of next-token distributions, in nats.
-
-| statistic | value |
-|---|---|
-{% for key, value in diagnostics %}| {{ key }} | {{ value }} |
-{% endfor %}{% endif %}
-## How to use
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{{ model_id }}")
-tokenizer = AutoTokenizer.from_pretrained("{{ model_id }}")
-```
-
-To reproduce the merge: `hf-stable merge {{ recipe_file }} ./merged`.
-
-## Framework versions
-
-{% for name, v in versions %}- {{ name }}: {{ v }}
-{% endfor %}{% if citations %}
-## Citations
-{% for citation in citations %}
-```bibtex
-{{ citation }}
-```
-{% endfor %}{% endif %}"""
 
 # Labels of the diagnostics summary keys (`hf_stable.merging.diagnostics.summary`), in display order.
 DIAGNOSTIC_LABELS = {
@@ -114,15 +115,12 @@ _TOKEN = re.compile(r"hf_[A-Za-z0-9]{20,}")
 
 
 def parent_name(model: str) -> str:
-    """How a parent appears in `base_model`: a Hub id as written, a local checkpoint by its folder name.
+    """How a parent is named on the Hub: a Hub id as written (without `@revision`), a local path by its folder name.
 
     `org/name@rev` → `org/name`; `/home/me/ckpts/expert-a/` → `expert-a`; `./runs/a` → `a`.
     """
-    model = str(model)
-    if "@" in model and not Path(model).exists():
-        model = model.rsplit("@", 1)[0]
-    local = Path(model).exists() or model.startswith(("/", ".", "~")) or os.path.isabs(model) or model.count("/") > 1
-    if not local and _HUB_ID.match(model):
+    model, _ = split_revision(str(model))
+    if is_hub_id(model):
         return model
     return Path(model.rstrip("/\\")).name or model
 
@@ -162,10 +160,13 @@ class _DictRecipe:
     def parameters(self) -> dict:
         return dict(self.data.get("parameters") or {})
 
-    def to_yaml(self) -> str:
+    def to_yaml(self, *, redact: bool = False) -> str:
         import yaml
 
-        return yaml.safe_dump(self.data, sort_keys=False, allow_unicode=True)
+        from .config import _redact_paths
+
+        data = _redact_paths(self.data) if redact else self.data
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def _ref_string(ref: Any) -> str:
@@ -173,38 +174,28 @@ def _ref_string(ref: Any) -> str:
 
 
 def _displayed(ref: Any) -> str:
-    """A model as listed in the body: Hub ids with their revision; local absolute paths by folder name only."""
+    """A model as listed in the body: Hub ids with their revision; local checkpoints by folder name only."""
     spec = str(getattr(ref, "spec", ref))
-    model = _ref_string(ref)
-    if os.path.isabs(os.path.expanduser(model)) or model.startswith("~"):
-        return parent_name(model)
-    return spec
+    return spec if is_hub_id(_ref_string(ref)) else parent_name(_ref_string(ref))
 
 
 def parents(config: Any) -> list[str]:
-    """The `base_model` list: the base model (if any) first, then the inputs, each once."""
+    """The `base_model` list: the Hub ids among the base model (first) and the inputs, each once."""
     refs = ([config.base_model] if getattr(config, "base_model", None) is not None else []) + list(config.models)
-    return list(dict.fromkeys(parent_name(_ref_string(r)) for r in refs))
+    return list(dict.fromkeys(parent_name(_ref_string(r)) for r in refs if is_hub_id(_ref_string(r))))
 
 
 def method_info(name: str) -> tuple[str, list[str]]:
-    """`(markdown paragraph, bibtex entries)` for a merge method: registry description and paper (else the first of
-    its `hf_stable.papers.MERGE_METHOD_PAPERS`), and the BibTeX of every paper it cites."""
-    description, paper, url = "", "", ""
-    try:
-        from hf_stable.merging.methods import MERGE_METHODS
+    """`(markdown paragraph, bibtex entries)` for a merge method, from its registration (description and paper)."""
+    from hf_stable.merging.methods import MERGE_METHODS
 
+    description = paper = url = ""
+    citations: list[str] = []
+    if name in MERGE_METHODS:
         entry = MERGE_METHODS.get(name)
-        description, paper, url = entry.description, entry.paper, entry.url
-    except (ImportError, ValueError):
-        pass
-    from hf_stable.papers import MERGE_METHOD_PAPERS, PAPERS
-
-    cited = [PAPERS[key] for key in MERGE_METHOD_PAPERS.get(name, ())]
-    citations = [p.bibtex for p in cited]
-    if cited:
-        paper = paper or cited[0].short
-        url = url or cited[0].url
+        description, paper, url = entry.description, entry.paper_text, entry.url
+        if getattr(entry.paper, "bibtex", None):
+            citations.append(entry.paper.bibtex)
     text = f"`merge_method: {name}`."
     if description:
         text += f" {description.rstrip('.')}."
@@ -278,8 +269,6 @@ def merge_model_card(
         The card text: YAML front matter (`base_model` list, `base_model_relation: merge`, `library_name:
         transformers`, `tags: [hf_stable, merge, <method>]`) and the markdown body.
     """
-    from huggingface_hub import ModelCard, ModelCardData
-
     from hf_stable.cards import _versions
 
     if isinstance(config, Mapping):
@@ -294,7 +283,7 @@ def merge_model_card(
         else:
             model_name = f"{method}-merge"
     data = ModelCardData(
-        base_model=list(base_models) if base_models is not None else parents(config),
+        base_model=(list(base_models) if base_models is not None else parents(config)) or None,
         base_model_relation="merge",
         library_name="transformers",
         tags=list(dict.fromkeys(["hf_stable", "merge", method])),
@@ -304,17 +293,15 @@ def merge_model_card(
     method_text, citations = method_info(method)
     diagnostics = _diagnostic_rows(diagnostics_summary or {})
     base = getattr(config, "base_model", None)
-    card = ModelCard.from_template(
+    card = _render(
         data,
-        template_str=TEMPLATE,
         model_name=model_name,
         n_inputs=len(config.models),
         method=method,
         method_text=method_text,
         inputs=[(_displayed(ref), _weight(config, i)) for i, ref in enumerate(config.models)],
         base=_displayed(base) if base is not None else None,
-        recipe=config.to_yaml().strip(),
-        recipe_file=RECIPE_FILE,
+        recipe=config.to_yaml(redact=True).strip(),
         diagnostics=diagnostics,
         model_id=hub_model_id or model_name,
         versions=_versions(),
@@ -328,7 +315,12 @@ def write_merge_card(folder: str | os.PathLike, card_text: str) -> str:
     """Write ``card_text`` to ``folder/README.md`` atomically (temporary file, then rename); returns the path."""
     path = os.path.join(os.fspath(folder), CARD_FILE)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(card_text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(card_text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return path

@@ -1,28 +1,33 @@
-"""Merge recipes: a superset of mergekit's YAML (`models:` form), plus hf_stable's streaming-engine fields.
+"""Merge recipes: mergekit 0.1.5's YAML (`models:` and `slices:` forms), plus hf_stable's engine fields.
 
 A recipe names a method, the input models (local folders or Hub ids with an optional `@revision`), an optional
-base model, and parameters. Parameter semantics follow mergekit's `mergekit/config.py` (`evaluate_setting`,
-`ConfigReader.parameter`) and `mergekit/plan.py` (`MergePlanner.plan_slice`), re-written here from their
-behaviour, not copied:
+base model, and parameters. Parameter semantics follow mergekit 0.1.5 `config.py` (`evaluate_setting`,
+`ConfigReader`), `parameter_resolver.py` and `plan.py` (`MergePlanner`), re-written from their behaviour:
 
 * a value is a scalar (number, bool or string), a **gradient** (a list of numbers, linearly interpolated over the
   layer position `t ∈ [0, 1]`; a list of strings/bools is stepped), or a list of **conditionals**
   `{filter: str, value: <scalar or gradient>}` where the first entry whose filter matches the tensor name wins
   (`filter` omitted or `"*"` matches everything; mergekit matches by substring, we also accept `fnmatch` globs);
-* `t = layer_index / (num_layers − 1)` for tensors inside a decoder layer (`t = 1` for a one-layer model);
-  tensors before the layers (embeddings) use `t = 0`, those after (final norm, `lm_head`) use `t = 1`;
-* lookup order for a per-model quantity (`weight`, `density`, ...): `models[i].parameters`, then the global
+* `t = offset / (n − 1)` for the `offset`-th layer of a slice of `n` layers (`t = 1` for a one-layer slice; the
+  `models:` form is one slice over all layers); every tensor outside the layer stack (embeddings, final norm,
+  `lm_head`) is evaluated at `t = 0`, as mergekit's `plan_module` does for its pre and post weights;
+* lookup order, highest first: the slice source's (or model's) `parameters`, the slice's `parameters`, the global
   `parameters`; a conditional list with no matching entry falls through to the next level, then to the method's
-  default.
+  default. An empty `parameters:` is an empty mapping.
+
+The `slices:` form: each slice lists `sources` (a model, a `layer_range: [start, stop)` and per-source
+`parameters`) and optional `parameters`; all sources of a slice span the same number of layers. The output's layers
+are the slices' layers in order (a frankenmerge with `passthrough`); a single slice whose sources span every layer of
+their models is the `models:` form.
 
 hf_stable extensions (top-level keys): `seed`, `memory_budget`, `max_shard_size`, `allow_pickle`,
-`filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`
-as in the spec §3.6), `weights` (one weight per model, instead of `models[i].parameters.weight`), `read_threads`,
-`drop_cache`. Unsupported mergekit features (`slices`, `modules`, `tokenizer:` unions and added tokens,
-`tokenizer_source: union`, `chat_template`) are rejected with a message saying so.
+`filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`),
+`weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `name`. Unsupported
+mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` unions and added tokens,
+`tokenizer_source: union`, `chat_template`) are refused with a message saying so.
 
-This module imports no torch: the CLI's dry run and `import hf_stable.merging` stay cheap. Method names and
-parameters are checked against `hf_stable.merging.methods` in `MergeConfig.validate()` (imports torch).
+This module imports no torch at import time (`import hf_stable.merging` stays cheap); method names and parameters are
+checked against `hf_stable.merging.methods` when a recipe is built.
 """
 
 from __future__ import annotations
@@ -35,22 +40,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .resolve import split_revision
 
-# Data-driven methods are not in the `MERGE_METHODS` registry: the engine hands them to their own module.
-DATA_DRIVEN_METHODS = {"fw_merging": "hf_stable.merging.fw"}
-
-# Methods whose inputs are exactly two endpoints: the base model (t = 0) and one other model (t = 1), as mergekit's
-# `slerp` (`mergekit/merge_methods/slerp.py`: the base is the t = 0 end).
-TWO_ENDPOINT_METHODS = {"slerp"}
 
 _MERGEKIT_UNSUPPORTED = {
-    "slices": "layer slices (frankenmerges) are not supported; list whole models under `models:`",
-    "modules": "multi-module recipes are not supported; list whole models under `models:`",
+    "modules": "multi-module recipes are not supported; list whole models under `models:` or use `slices:`",
     "chat_template": "`chat_template` is not supported; set it on the tokenizer after merging",
 }
 _TOP_LEVEL_KEYS = {
     "merge_method",
     "models",
+    "slices",
     "base_model",
     "parameters",
     "dtype",
@@ -64,9 +64,11 @@ _TOP_LEVEL_KEYS = {
     "allow_pickle",
     "filter_exclude",
     "weights",
-    "read_threads",
     "drop_cache",
     "name",
+}
+_REMOVED_KEYS = {
+    "read_threads": "`read_threads` was removed: the engine reads with one I/O thread ahead of the compute",
 }
 
 # torch dtype names accepted for `dtype` / `out_dtype`, mapped to safetensors dtype strings.
@@ -94,15 +96,30 @@ def layer_index(tensor_name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def layer_position(tensor_name: str, layer: int | None, num_layers: int | None) -> float:
-    """mergekit's gradient position `t ∈ [0, 1]` of a tensor (see the module docstring)."""
-    if layer is None:
-        # mergekit plans architecture "pre weights" with t = 0 and "post weights" with t = 1; without an
-        # architecture table we tell them apart by name (embeddings come before the layers).
-        return 0.0 if any(h in tensor_name for h in _PRE_LAYER_HINTS) else 1.0
+def with_layer(tensor_name: str, index: int) -> str:
+    """`tensor_name` with its layer index replaced by `index`."""
+    m = _LAYER_RE.search(tensor_name)
+    if m is None:
+        raise ValueError(f"tensor {tensor_name!r} is not inside a layer")
+    return tensor_name[: m.start(1)] + str(index) + tensor_name[m.end(1) :]
+
+
+def is_pre_layer(tensor_name: str) -> bool:
+    """A tensor outside the layers that comes before them (embeddings); the others (norm, lm_head) come after."""
+    return any(h in tensor_name for h in _PRE_LAYER_HINTS)
+
+
+def layer_position(tensor_name: str, offset: int | None, num_layers: int | None) -> float:
+    """mergekit 0.1.5's gradient position `t ∈ [0, 1]` of a tensor (see the module docstring).
+
+    `offset` is the layer's position within its slice (its layer index for the `models:` form), `num_layers` the
+    slice's layer count; tensors outside the layers (`offset=None`) are at `t = 0`.
+    """
+    if offset is None:
+        return 0.0
     if not num_layers or num_layers <= 1:
         return 1.0
-    return min(1.0, layer / (num_layers - 1))
+    return min(1.0, offset / (num_layers - 1))
 
 
 def _filter_matches(pattern: Any, tensor_name: str) -> bool:
@@ -174,6 +191,17 @@ def _check_setting(name: str, setting: Any, where: str) -> None:
     raise ValueError(f"{where}.{name}: unsupported value {setting!r} (scalar, gradient list or conditionals)")
 
 
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    """A `parameters:` mapping (None, as an empty YAML `parameters:` gives, is an empty mapping)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping, got {value!r}")
+    for k, v in value.items():
+        _check_setting(k, v, where)
+    return dict(value)
+
+
 @dataclass
 class ModelRef:
     """One input model: a local folder/file or a Hub id, an optional pinned revision, per-model parameters."""
@@ -183,29 +211,23 @@ class ModelRef:
     parameters: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, spec: Any, where: str) -> ModelRef:
+    def parse(cls, spec: Any, where: str, *, extra_keys: tuple[str, ...] = ()) -> ModelRef:
         if isinstance(spec, ModelRef):
             return copy.deepcopy(spec)
         if isinstance(spec, (str, os.PathLike)):
             spec = {"model": str(spec)}
         if not isinstance(spec, dict) or "model" not in spec:
             raise ValueError(f"{where}: expected a model path/id or {{model: ..., parameters: {{...}}}}, got {spec!r}")
-        extra = set(spec) - {"model", "parameters"}
+        extra = set(spec) - {"model", "parameters", *extra_keys}
         if extra:
-            raise ValueError(f"{where}: unknown keys {sorted(extra)} (allowed: model, parameters)")
-        model = str(spec["model"])
-        revision = None
+            raise ValueError(f"{where}: unknown keys {sorted(extra)} (allowed: model, parameters, *{extra_keys})")
+        model, revision = str(spec["model"]), None
         # `org/name@rev` pins a Hub revision (mergekit's ModelReference syntax); a local path containing '@' wins.
         if "@" in model and not Path(model).exists():
             model, revision = model.rsplit("@", 1)
             if not model or not revision:
                 raise ValueError(f"{where}: {spec['model']!r} is not of the form path_or_id[@revision]")
-        params = spec.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise ValueError(f"{where}.parameters must be a mapping, got {params!r}")
-        for k, v in params.items():
-            _check_setting(k, v, f"{where}.parameters")
-        return cls(model, revision, dict(params))
+        return cls(model, revision, _parameters(spec.get("parameters"), f"{where}.parameters"))
 
     @property
     def spec(self) -> str:
@@ -221,44 +243,90 @@ class ModelRef:
         return d
 
 
-def resolve_model_path(ref: ModelRef) -> str:
-    """A local folder for `ref`: the path itself when it exists, else a Hub snapshot (weights, configs, tokenizer).
+@dataclass
+class SliceSource:
+    """One source of an output slice: a model (with its per-source parameters) and a layer range `[start, stop)`."""
 
-    Hub downloads use `huggingface_hub.snapshot_download` with `allow_patterns` limited to safetensors, JSON and
-    tokenizer files, at `ref.revision` (untested offline; local folders never touch the network).
-    """
-    if Path(ref.model).exists():
-        return ref.model
-    if ref.model.startswith((".", "/", "~")) or ref.model.count("/") > 1:
-        raise FileNotFoundError(f"model {ref.spec!r}: no such local folder (and it does not look like a Hub id)")
-    from huggingface_hub import snapshot_download
+    model: ModelRef
+    layer_range: tuple[int, int]
 
-    return snapshot_download(
-        ref.model,
-        revision=ref.revision,
-        allow_patterns=["*.safetensors", "*.json", "tokenizer*", "*.model", "*.tiktoken", "*.txt"],
-    )
+    def to_dict(self) -> dict:
+        return {**self.model.to_dict(), "layer_range": list(self.layer_range)}
+
+
+@dataclass
+class OutputSlice:
+    """A run of output layers merged from `sources` (each spanning the same number of layers)."""
+
+    sources: list[SliceSource]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        a, b = self.sources[0].layer_range
+        return b - a
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"sources": [s.to_dict() for s in self.sources]}
+        if self.parameters:
+            d["parameters"] = copy.deepcopy(self.parameters)
+        return d
+
+    @classmethod
+    def parse(cls, spec: Any, where: str) -> OutputSlice:
+        if not isinstance(spec, dict) or "sources" not in spec:
+            raise ValueError(f"{where}: expected {{sources: [...], parameters: {{...}}}}, got {spec!r}")
+        unsupported = {"base_model", "residual_weight"} & set(spec)
+        if unsupported:
+            raise ValueError(
+                f"{where}: {sorted(unsupported)} per slice is not supported (unsupported mergekit feature); set "
+                "base_model at the top level"
+            )
+        extra = set(spec) - {"sources", "parameters"}
+        if extra:
+            raise ValueError(f"{where}: unknown keys {sorted(extra)} (allowed: sources, parameters)")
+        if not isinstance(spec["sources"], list) or not spec["sources"]:
+            raise ValueError(f"{where}.sources: at least one source is required")
+        sources = []
+        for j, src in enumerate(spec["sources"]):
+            w = f"{where}.sources[{j}]"
+            ref = ModelRef.parse(src, w, extra_keys=("layer_range",))
+            rng = src.get("layer_range") if isinstance(src, dict) else None
+            if (
+                not isinstance(rng, (list, tuple))
+                or len(rng) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in rng)
+                or not 0 <= rng[0] < rng[1]
+            ):
+                raise ValueError(f"{w}.layer_range: expected [start, stop) with 0 <= start < stop, got {rng!r}")
+            sources.append(SliceSource(ref, (int(rng[0]), int(rng[1]))))
+        lengths = {s.layer_range[1] - s.layer_range[0] for s in sources}
+        if len(lengths) > 1:
+            raise ValueError(f"{where}: every source of a slice must span the same number of layers, got {lengths}")
+        return cls(sources, _parameters(spec.get("parameters"), f"{where}.parameters"))
 
 
 @dataclass
 class MergeConfig:
-    """A merge recipe (mergekit `models:` YAML superset). See the module docstring for parameter semantics.
+    """A merge recipe (mergekit `models:`/`slices:` YAML superset). See the module docstring for the semantics.
 
     Attributes:
         merge_method: a `hf_stable.merging.methods.MERGE_METHODS` name, or `fw_merging` (data-driven).
-        models: input models, in order (ordered checkpoints for `wsm`).
+        models: input models, in order (ordered checkpoints for `wsm`); for a `slices:` recipe, every source model
+            once, in order of appearance (without parameters).
+        slices: the `slices:` form, or None for a `models:` recipe.
         base_model: the base for task-vector methods (and slerp's t = 0 end); `None` if unused.
         parameters: global parameters (method parameters and per-model defaults such as `weight`).
         dtype: compute dtype of mergekit recipes; the engine always computes in fp32/fp64, so this only sets the
             output dtype when `out_dtype` is absent.
         out_dtype: output dtype (`float32`, `bfloat16`, `float16`); default `dtype`, else the first input's.
         tokenizer_source: `base`, or a model path whose tokenizer files are copied; default base, else first.
-        seed: seed of the counter-based RNG of random methods (DARE).
-        memory_budget: default budget for `merge()` (`"2GB"`, bytes); `None` → the engine's default.
+        seed: seed of the counter-based RNG of random methods (DARE, DELLA).
+        memory_budget: default ceiling on the engine's buffers for `merge()` (`"2GB"`, bytes).
         max_shard_size: output shard size (`"5GB"`, bytes).
         allow_pickle: accept `pytorch_model.bin` inputs (loaded in memory with `weights_only=True`).
         filter_exclude: globs (or substrings) of tensor names merged linearly with the models' weights.
-        read_threads, drop_cache: reader options.
+        drop_cache: `posix_fadvise(DONTNEED)` the inputs after reading them.
         extra: hf_stable-specific keys kept for `to_yaml` (e.g. `name`).
     """
 
@@ -274,29 +342,37 @@ class MergeConfig:
     max_shard_size: str | int = "5GB"
     allow_pickle: bool = False
     filter_exclude: list[str] = field(default_factory=list)
-    read_threads: int | None = None
     drop_cache: bool = False
+    slices: list[OutputSlice] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.models = [ModelRef.parse(m, f"models[{i}]") for i, m in enumerate(self.models or [])]
-        if self.base_model is not None:
-            self.base_model = ModelRef.parse(self.base_model, "base_model")
         if not isinstance(self.merge_method, str) or not self.merge_method:
             raise ValueError(f"merge_method must be a method name, got {self.merge_method!r}")
+        if self.slices is not None:
+            self.slices = [s if isinstance(s, OutputSlice) else OutputSlice.parse(s, f"slices[{i}]")
+                           for i, s in enumerate(self.slices)]  # fmt: skip
+            if not self.slices:
+                raise ValueError("slices: at least one slice is required")
+            seen: dict[str, ModelRef] = {}
+            for sl in self.slices:
+                for src in sl.sources:
+                    seen.setdefault(src.model.spec, ModelRef(src.model.model, src.model.revision))
+            self.models = list(seen.values())
+        else:
+            self.models = [ModelRef.parse(m, f"models[{i}]") for i, m in enumerate(self.models or [])]
+        if self.base_model is not None:
+            self.base_model = ModelRef.parse(self.base_model, "base_model")
         if not self.models:
             raise ValueError("models: at least one input model is required")
-        if not isinstance(self.parameters, dict):
-            raise ValueError(f"parameters must be a mapping, got {self.parameters!r}")
-        self.parameters = dict(self.parameters)
-        if "filter_exclude" in self.parameters:  # spec §3.6 places it among the parameters
+        self.parameters = (
+            _parameters(self.parameters, "parameters") if not self.is_data_driven else dict(self.parameters or {})
+        )
+        if "filter_exclude" in self.parameters:
             self.filter_exclude = list(self.filter_exclude) + list(_as_list(self.parameters.pop("filter_exclude")))
         if isinstance(self.filter_exclude, str):
             self.filter_exclude = [self.filter_exclude]
         self.filter_exclude = [str(p) for p in self.filter_exclude]
-        if self.merge_method not in DATA_DRIVEN_METHODS:  # data-driven methods validate their own parameters
-            for k, v in self.parameters.items():
-                _check_setting(k, v, "parameters")
         for key in ("dtype", "out_dtype"):
             value = getattr(self, key)
             if value is not None and str(value).replace("torch.", "") not in DTYPE_NAMES:
@@ -307,13 +383,15 @@ class MergeConfig:
             raise ValueError("tokenizer_source: union is not supported (vocabularies must match); use base or a model")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if self.merge_method in TWO_ENDPOINT_METHODS:
-            n = len(self.input_models())
-            if n != 2:
-                raise ValueError(
-                    f"merge_method {self.merge_method!r} interpolates exactly 2 models (the base_model is the t=0 "
-                    f"end when given), got {n}: {[m.spec for m in self.input_models()]}"
-                )
+        if not self.is_data_driven:
+            method = self.method
+            if method.base == "endpoint" and self.slices is None:
+                n = len(self.input_models())
+                if method.max_models is not None and n > method.max_models:
+                    raise ValueError(
+                        f"merge_method {self.merge_method!r} interpolates exactly {method.max_models} models (the "
+                        f"base_model is the t=0 end when given), got {n}: {[m.spec for m in self.input_models()]}"
+                    )
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -322,21 +400,25 @@ class MergeConfig:
         if not isinstance(data, dict):
             raise ValueError(f"a merge recipe must be a mapping, got {type(data).__name__}")
         data = copy.deepcopy(data)
-        if data.get("merge_method") in DATA_DRIVEN_METHODS:
-            # Data-driven recipes have their own schema (e.g. fw_merging's `pool`, `objective`): kept in `extra`.
-            known = {k: data.pop(k) for k in list(data) if k in _TOP_LEVEL_KEYS - {"name"}}
-            if not known.get("models") and isinstance(data.get("pool"), list):
-                known["models"] = data["pool"]
-            known.pop("weights", None)
-            return cls(extra=data, **known)
-        for key, why in _MERGEKIT_UNSUPPORTED.items():
-            if data.get(key):
-                raise ValueError(f"{key}: {why} (unsupported mergekit feature)")
-        unknown = set(data) - _TOP_LEVEL_KEYS - set(_MERGEKIT_UNSUPPORTED)
-        if unknown:
-            raise ValueError(f"unknown recipe keys {sorted(unknown)}; allowed: {sorted(_TOP_LEVEL_KEYS)}")
         if "merge_method" not in data:
             raise ValueError("merge_method is required")
+        if _method_traits(data["merge_method"]).data_driven:
+            # Data-driven recipes have their own schema (e.g. fw_merging's `pool`, `objective`): kept in `extra`.
+            known = {k: data.pop(k) for k in list(data) if k in _TOP_LEVEL_KEYS - {"name", "slices", "weights"}}
+            if not known.get("models") and isinstance(data.get("pool"), list):
+                known["models"] = data["pool"]
+            return cls(extra=data, **known)
+        for key, why in {**_MERGEKIT_UNSUPPORTED, **_REMOVED_KEYS}.items():
+            if key in data and data[key] is not None:
+                raise ValueError(f"{key}: {why}" + (" (unsupported mergekit feature)" if key in _MERGEKIT_UNSUPPORTED
+                                                     else ""))  # fmt: skip
+        unknown = set(data) - _TOP_LEVEL_KEYS - set(_MERGEKIT_UNSUPPORTED) - set(_REMOVED_KEYS)
+        if unknown:
+            raise ValueError(f"unknown recipe keys {sorted(unknown)}; allowed: {sorted(_TOP_LEVEL_KEYS)}")
+        if data.get("models") and data.get("slices"):
+            raise ValueError("give exactly one of `models:` (whole models) or `slices:` (layer ranges), not both")
+        if not data.get("models") and not data.get("slices"):
+            raise ValueError("models: at least one input model is required (or `slices:` with layer ranges)")
         tokenizer = data.pop("tokenizer", None)
         if tokenizer is not None:
             if not isinstance(tokenizer, dict) or set(tokenizer) - {"source"}:
@@ -352,6 +434,8 @@ class MergeConfig:
         if not isinstance(models, list):
             raise ValueError(f"models must be a list, got {models!r}")
         if weights is not None:
+            if data.get("slices"):
+                raise ValueError("`weights` applies to the models: form; set weight per slice source instead")
             models = _apply_weights(models, weights)
         extra = {"name": data.pop("name")} if "name" in data else {}
         return cls(models=models, extra=extra, **data)
@@ -376,6 +460,9 @@ class MergeConfig:
         specs: list[Any] = [{"model": str(m)} for m in models]
         if weights is not None:
             specs = _apply_weights(specs, weights)
+        for key, why in _REMOVED_KEYS.items():
+            if key in fields:
+                raise ValueError(f"{key}: {why}")
         return cls(
             merge_method=merge_method,
             models=specs,
@@ -384,16 +471,26 @@ class MergeConfig:
             **fields,
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, redact: bool = False) -> dict:
+        """The recipe as a dict; `redact=True` names local inputs by folder name only (what goes to the Hub)."""
+        name = _public_name if redact else (lambda s: s)
         d: dict[str, Any] = {"merge_method": self.merge_method}
         if self.base_model is not None:
-            d["base_model"] = self.base_model.spec
-        d["models"] = [m.to_dict() for m in self.models]
+            d["base_model"] = name(self.base_model.spec)
+        if self.slices is not None:
+            d["slices"] = [s.to_dict() for s in self.slices]
+            for sl in d["slices"]:
+                for src in sl["sources"]:
+                    src["model"] = name(src["model"])
+        else:
+            d["models"] = [{**m.to_dict(), "model": name(m.spec)} for m in self.models]
         if self.parameters:
             d["parameters"] = copy.deepcopy(self.parameters)
-        for key in ("dtype", "out_dtype", "tokenizer_source", "memory_budget"):
+        for key in ("dtype", "out_dtype", "memory_budget"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
+        if self.tokenizer_source is not None:
+            d["tokenizer_source"] = name(self.tokenizer_source)
         if self.filter_exclude:
             d["filter_exclude"] = list(self.filter_exclude)
         if self.seed:
@@ -402,33 +499,39 @@ class MergeConfig:
             d["max_shard_size"] = self.max_shard_size
         if self.allow_pickle:
             d["allow_pickle"] = True
-        if self.read_threads is not None:
-            d["read_threads"] = self.read_threads
         if self.drop_cache:
             d["drop_cache"] = True
-        d.update(self.extra)
+        extra = copy.deepcopy(self.extra)
+        if redact and self.is_data_driven:
+            extra = _redact_paths(extra)
+        d.update(extra)
         return d
 
-    def to_yaml(self) -> str:
+    def to_yaml(self, *, redact: bool = False) -> str:
         """The recipe as YAML; `MergeConfig.from_yaml(cfg.to_yaml())` gives an equal config."""
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yaml.safe_dump(self.to_dict(redact=redact), sort_keys=False, allow_unicode=True)
 
     # ----------------------------------------------------------------------------------------------- semantics
     @property
+    def method(self):
+        """The `MergeMethod` of `merge_method` (raises `ValueError` listing the valid names)."""
+        return _method_traits(self.merge_method)
+
+    @property
     def is_data_driven(self) -> bool:
-        return self.merge_method in DATA_DRIVEN_METHODS
+        return _method_traits(self.merge_method).data_driven
 
     def input_models(self, *, uses_base: bool | None = None) -> list[ModelRef]:
-        """The models whose tensors enter the combination, in order.
+        """The models whose tensors enter the combination (`models:` form), in order.
 
-        * two-endpoint methods (slerp): `[base, other]` when a base is given (mergekit's t = 0 end is the base);
+        * base-endpoint methods (slerp): `[base, other]` when a base is given (mergekit's t = 0 end is the base);
         * task-vector methods (`uses_base=True`): `models` without entries equal to `base_model` (mergekit
           recipes often list the base among the models, without parameters);
         * otherwise: `models` as given.
         """
-        if self.merge_method in TWO_ENDPOINT_METHODS and self.base_model is not None:
+        if self.base_model is not None and not self.is_data_driven and self.method.base == "endpoint":
             others = [m for m in self.models if not m.same_model(self.base_model)]
             return [self.base_model, *others]
         if uses_base and self.base_model is not None:
@@ -439,14 +542,12 @@ class MergeConfig:
         """Check the method name and its global parameters against the registry; returns the method object.
 
         Raises `ValueError` for an unknown method (listing the registered names), a missing base model, or
-        parameters the method rejects. Imports torch (the methods package).
+        parameters the method rejects.
         """
         if self.is_data_driven:
             return None
-        from hf_stable.merging.methods import get_merge_method
-
-        method = get_merge_method(self.merge_method)
-        params = method.resolve(self.resolve_params("", None, None, None))
+        method = self.method
+        params = method.resolve(self.global_parameters(self.slices[0] if self.slices else None))
         has_base = self.base_model is not None
         if method.requires_base(params) and not has_base:
             raise ValueError(
@@ -454,47 +555,66 @@ class MergeConfig:
                 "add `base_model:` to the recipe"
             )
         uses_base = has_base and method.space(params, has_base) == "task_vector"
-        n = len(self.input_models(uses_base=uses_base))
+        if self.slices is None:
+            n = len(self.input_models(uses_base=uses_base))
+        else:
+            n = len([s for s in self.slices[0].sources if not (uses_base and s.model.same_model(self.base_model))])
         if n == 0:
             raise ValueError("after removing base_model from models, no input model is left")
         method.validate(params, n, has_base)
         return method
 
-    def resolve_params(
-        self,
-        tensor_name: str,
-        model_index: int | None,
-        layer_index: int | None,
-        num_layers: int | None,
-        *,
-        models: list[ModelRef] | None = None,
-        own_only: bool = False,
-    ) -> dict[str, Any]:
-        """Parameters of one tensor: global ones (`model_index=None`) or those of input model `model_index`.
-
-        `models` is the input list the index refers to (default `self.models`); a model without its own entry
-        (e.g. the base added for slerp) gets the global values; `own_only=True` returns only the model's own
-        entries (for `methods.base.gather_params`, which fills in the globals itself). Values are evaluated at the
-        tensor's layer position (`layer_position`); a setting whose conditionals all miss falls through to the
-        next level.
-        """
-        t = layer_position(tensor_name, layer_index, num_layers)
+    def global_parameters(self, out_slice: OutputSlice | None = None, tensor_name: str = "", t: float = 0.0):
+        """Method-level (shared) parameters of a tensor: the slice's, then the global ones."""
         out: dict[str, Any] = {}
-        for key, setting in () if own_only and model_index is not None else self.parameters.items():
-            value = evaluate_setting(setting, tensor_name, t)
-            if value is not None:
-                out[key] = value
-        if model_index is not None:
-            ref = (models or self.models)[model_index]
-            for key, setting in ref.parameters.items():
+        for scope in (self.parameters, out_slice.parameters if out_slice else None):
+            for key, setting in (scope or {}).items():
                 value = evaluate_setting(setting, tensor_name, t)
                 if value is not None:
                     out[key] = value
         return out
 
+    @staticmethod
+    def own_parameters(ref_params: dict[str, Any], tensor_name: str, t: float) -> dict[str, Any]:
+        """One input's own parameters (its model entry or slice source) for a tensor; the slice's and the global
+        ones fill what it leaves unset (`methods.base.gather_params`)."""
+        out: dict[str, Any] = {}
+        for key, setting in (ref_params or {}).items():
+            value = evaluate_setting(setting, tensor_name, t)
+            if value is not None:
+                out[key] = value
+        return out
+
     def is_excluded(self, tensor_name: str) -> bool:
         """`True` when `filter_exclude` routes this tensor to a plain weighted average."""
         return any(_filter_matches(p, tensor_name) for p in self.filter_exclude)
+
+
+def _method_traits(name: str):
+    from hf_stable.merging.methods import get_merge_method
+
+    return get_merge_method(name)
+
+
+def _public_name(spec: str) -> str:
+    """A model as it may be published: a Hub id as written, a local path by its folder name."""
+    from .resolve import is_hub_id
+
+    if is_hub_id(spec):
+        return spec
+    model, _ = split_revision(spec)
+    return Path(str(model).rstrip("/\\")).name or str(model)
+
+
+def _redact_paths(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: (_public_name(v) if k == "model" and isinstance(v, str) else _redact_paths(v)) for k, v in
+                value.items()}  # fmt: skip
+    if isinstance(value, list):
+        return [_redact_paths(v) for v in value]
+    if isinstance(value, str) and (os.path.isabs(value) or value.startswith("~")):
+        return Path(value).name
+    return value
 
 
 def load_recipe_dict(path_or_str: str | os.PathLike) -> dict:

@@ -1,4 +1,5 @@
-"""Collapse diagnostics for a merge (spec `merging.md` §3.5): is the merged model a shrunken average of its parents?
+"""Collapse diagnostics for a merge (docs/merging.md, "Diagnostics"): is the merged model a shrunken average of its
+parents?
 
 Two families:
 
@@ -53,8 +54,8 @@ def normalized_weights(weights, n: int) -> torch.Tensor:
 def _angle_deg(dot: torch.Tensor, norm_a: torch.Tensor, norm_b: torch.Tensor) -> torch.Tensor:
     """Angle in degrees between vectors with inner product ``dot`` and norms ``norm_a``, ``norm_b`` (broadcast).
 
-    `atan2(sqrt(|a|²|b|² − <a,b>²), <a,b>)` rather than `arccos`: it stays accurate near 0° and 180° (spec §3.7 shows
-    `arccos` of an fp32 cosine returns 0 for a true angle of 1e-4 rad). NaN where a norm is zero.
+    `atan2(sqrt(|a|²|b|² − <a,b>²), <a,b>)` rather than `arccos`: it stays accurate near 0° and 180° (`arccos`
+    of an fp32 cosine returns 0 for a true angle of 1e-4 rad). NaN where a norm is zero.
     """
     prod = norm_a * norm_b
     sin_part = torch.clamp(prod * prod - dot * dot, min=0.0).sqrt()
@@ -400,7 +401,7 @@ def probe_batch(
     texts: Sequence[str], tokenizer, *, max_tokens: int = 2048, max_length: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(input_ids, attention_mask)` (B, T) of the probe set: texts tokenised and truncated to ``max_length``,
-    taken in order until ``max_tokens`` real tokens (spec §3.5: M = 2048 by default), right-padded."""
+    taken in order until ``max_tokens`` real tokens (2048 by default), right-padded."""
     if max_tokens < 2 or max_length < 1:
         raise ValueError(f"max_tokens must be ≥ 2 and max_length ≥ 1, got {max_tokens}, {max_length}")
     rows, total = [], 0
@@ -453,7 +454,7 @@ def print_table(diagnostics: Mapping[str, Any], *, file: TextIO | None = None, t
     """
     file = file or sys.stdout
     weights, activations = diagnostics.get("weights"), diagnostics.get("activations")
-    print("Merge diagnostics (spec merging.md §3.5; ρ < 1 = shrinkage)", file=file)
+    print("Merge diagnostics (docs/merging.md, Diagnostics; ρ < 1 = shrinkage)", file=file)
     for key, value in summary(diagnostics).items():
         print(f"  {key:<28} {_fmt(value)}", file=file)
     if weights and weights["per_tensor"]:

@@ -1,8 +1,8 @@
-"""FW-Merging: Frank–Wolfe over the (layer-wise) convex hull of a pool of checkpoints (spec `merging.md` §5).
+"""FW-Merging: Frank–Wolfe over the (layer-wise) convex hull of a pool of checkpoints.
 
 Paper: Chen et al. 2025, "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization" (arXiv 2503.12649).
 Reference code: `hmarkc/FW-Merging` (`discriminative/merge.py::frank_wolfe_merge`, `generative/merge.py`; MIT), and
-FusionBench `fusion_bench/method/fw_merging/fw_soft.py`. What hf_stable does (spec §5.2):
+FusionBench `fusion_bench/method/fw_merging/fw_soft.py`. What hf_stable does:
 
     x_0 = θ_0                                   (init="base")  |  local_merge(θ_0, all τ_i)  (init="merge_all")
     for t = 0..T-1:
@@ -13,16 +13,17 @@ FusionBench `fusion_bench/method/fw_merging/fw_soft.py`. What hf_stable does (sp
         γ_t = η·2/(t+2);  x_{t+1} = x_t + λ γ_t · d,  d = s − x_t  (ta)  or  Trim_ρ(s − x_t)  (ties)
 
 `lmo="task"` replaces the per-tensor argmin by one argmin of `Σ_ℓ score_i^ℓ` (the task-wise hull). The reference's
-LMO (`lmo_score="ref_cosine"`, spec §5.3) ranks candidates by the cosine `<g, θ_i>/(‖g‖‖θ_i‖)` of the gradient with
+LMO (`lmo_score="ref_cosine"`) ranks candidates by the cosine `<g, θ_i>/(‖g‖‖θ_i‖)` of the gradient with
 the raw candidate tensor and, layer-wise, takes a zero tensor when the best cosine is ≥ 0 (the reference's
 `frank_wolfe_selection`): that vertex shrinks the layer by (1 − λγ). Task-wise it sums the per-tensor cosines and
 always moves (as the reference).
 
-Memory (the paper's claim, spec §5.3): only the iterate, its gradient, the base snapshot when `init="merge_all"` and
+Memory (the paper's claim): only the iterate, its gradient, the base snapshot when `init="merge_all"` and
 one candidate tensor are resident; candidates are read candidate-major in on-disk order, then the winning tensors are
 read once more for the update. Resident memory is O(model) whatever the pool size; the price is I/O:
-(T·(N + 1))·|θ| bytes are read (`history.bytes_read`). `ResidentTracker` counts the candidate tensors alive at once
-(weak references, so a leaked tensor is seen), which the tests and the experiment report.
+(T·(N + 1))·|θ| bytes are read (`history.bytes_read`). `ResidentTracker` (`fw_pool`) counts the candidate tensors
+alive at once (weak references, so a leaked tensor is seen), which the tests and the experiment report. The TIES
+local merge reuses the combiner of `merge_method: ties` (`methods.ties`: trim, sign election, disjoint mean).
 """
 
 from __future__ import annotations
@@ -32,15 +33,19 @@ import math
 import os
 import shutil
 import time
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hf_stable._validation import check_choice, check_int, check_number
 from hf_stable.merging.fw_objectives import CallableObjective, FWObjective, make_objective
+from hf_stable.merging.fw_pool import CandidateSource, ResidentTracker
+from hf_stable.merging.methods.ties import disjoint_add, disjoint_mean, elect
+from hf_stable.merging.methods.ties import trim as trim_top
+from hf_stable.merging.resolve import resolve_model_path
 
 
 LMO_KINDS = ("layer", "task")
@@ -50,107 +55,6 @@ LOCAL_MERGES = ("ta", "ties")
 NO_MOVE = -1  # vertex index meaning "s^ℓ = x^ℓ"
 ZEROS = -2  # vertex index meaning "s^ℓ = 0" (ref_cosine layer-wise LMO)
 _CHUNK = 1 << 22  # elements per fp64 chunk in inner products (bounds the fp64 temporaries)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# resident-memory accounting and candidate sources
-# --------------------------------------------------------------------------------------------------------------------
-
-
-class ResidentTracker:
-    """Counts candidate tensors (fp32 working copies) alive at the same time, through weak references.
-
-    `track(t)` registers a tensor; it stops counting when Python frees it, so a leaked reference shows up in
-    `peak_tensors` / `peak_bytes`. `bytes_read` counts the stored bytes read from the pool (disk or memory).
-    """
-
-    def __init__(self) -> None:
-        self.current_bytes = 0
-        self.current_tensors = 0
-        self.peak_bytes = 0
-        self.peak_tensors = 0
-        self.bytes_read = 0
-        self.reads = 0
-
-    def _release(self, nbytes: int) -> None:
-        self.current_bytes -= nbytes
-        self.current_tensors -= 1
-
-    def track(self, tensor: torch.Tensor, stored_nbytes: int) -> torch.Tensor:
-        nbytes = tensor.numel() * tensor.element_size()
-        self.current_bytes += nbytes
-        self.current_tensors += 1
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        self.peak_tensors = max(self.peak_tensors, self.current_tensors)
-        self.bytes_read += stored_nbytes
-        self.reads += 1
-        weakref.finalize(tensor, self._release, nbytes)
-        return tensor
-
-
-class CandidateSource:
-    """One pool member: a safetensors checkpoint (folder, index + shards, or one file) streamed one tensor at a time,
-    or an in-memory state dict (tests, callbacks).
-
-    Reads go through `hf_stable.merging.io.reader.SafetensorsReader` when it is available, else
-    `safetensors.safe_open` (one handle per shard, kept open until `close`). Every read returns a fresh fp32 tensor
-    on `device`, registered with the tracker.
-    """
-
-    def __init__(self, spec: Any, tracker: ResidentTracker, *, label: str, device: torch.device | str = "cpu"):
-        self.label, self.tracker, self.device = label, tracker, torch.device(device)
-        self._state: Mapping[str, torch.Tensor] | None = None
-        self._reader = None
-        self._handles: dict[str, Any] = {}
-        if isinstance(spec, Mapping):
-            self._state = spec
-            self.shapes = {n: tuple(t.shape) for n, t in spec.items() if torch.is_tensor(t)}
-            self._order = list(self.shapes)
-            return
-        if not isinstance(spec, (str, os.PathLike)):
-            raise TypeError(f"pool entry {label}: expected a path (str/PathLike) or a state dict, got {type(spec)}")
-        from hf_stable.merging.io.header import ModelCheckpoint
-
-        self.checkpoint = ModelCheckpoint.open(spec)
-        infos = self.checkpoint.tensors
-        self.shapes = {n: tuple(info.shape) for n, info in infos.items()}
-        # on-disk order: by shard file, then byte offset (sequential reads; spec §5.3 "reading in file order")
-        self._order = sorted(infos, key=lambda n: (str(infos[n].file), infos[n].offset))
-        try:
-            from hf_stable.merging.io.reader import SafetensorsReader
-        except ImportError:  # helper "io" not landed yet: fall back to safetensors' own reader
-            SafetensorsReader = None
-        if SafetensorsReader is not None:
-            self._reader = SafetensorsReader(self.checkpoint)
-
-    def order(self, names: Sequence[str]) -> list[str]:
-        wanted = set(names)
-        return [n for n in self._order if n in wanted]
-
-    def read(self, name: str) -> torch.Tensor:
-        """The tensor `name` as a fresh fp32 tensor of the stored shape (tracked)."""
-        if self._state is not None:
-            raw = self._state[name].detach()
-            out = raw.to(device=self.device, dtype=torch.float32, copy=True)
-            return self.tracker.track(out, raw.numel() * raw.element_size())
-        info = self.checkpoint.tensors[name]
-        if self._reader is not None:
-            raw = self._reader.read_tensor(name)
-        else:
-            from safetensors import safe_open
-
-            file = str(info.file)
-            if file not in self._handles:
-                self._handles[file] = safe_open(file, framework="pt", device="cpu")
-            raw = self._handles[file].get_tensor(name)
-        out = raw.to(device=self.device, dtype=torch.float32, copy=True).reshape(info.shape)
-        del raw
-        return self.tracker.track(out, info.nbytes)
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-        self._handles.clear()
 
 
 def _label(spec: Any, i: int) -> str:
@@ -195,22 +99,6 @@ def _norm64(a: torch.Tensor) -> float:
     return math.sqrt(max(_dot64(a, a), 0.0))
 
 
-def trim_top(d: torch.Tensor, density: float) -> torch.Tensor:
-    """Keep the `k = int(density·numel)` largest-|d| entries of `d` (any shape), zero the rest.
-
-    Exactly PEFT's `magnitude_based_pruning` rule (`torch.topk` over the flattened tensor, per tensor).
-    """
-    k = int(density * d.numel())
-    if k >= d.numel():
-        return d
-    flat = d.reshape(-1)
-    out = torch.zeros_like(flat)
-    if k > 0:
-        idx = torch.topk(flat.abs(), k=k, largest=True).indices
-        out[idx] = flat[idx]
-    return out.reshape(d.shape)
-
-
 def fw_gamma(t: int, step: float) -> float:
     """Frank–Wolfe step `γ_t = η·2/(t+2)` (t = 0, 1, ...; γ_0 = η), as the reference's `2/(t+2)·step_size`."""
     return step * 2.0 / (t + 2.0)
@@ -223,7 +111,7 @@ def fw_gamma(t: int, step: float) -> float:
 
 @dataclass
 class LocalMerge:
-    """How the FW direction is applied (spec §5.2): `ta` adds `λγ(s − x)`; `ties` adds `λγ·Trim_ρ(s − x)`."""
+    """How the FW direction is applied: `ta` adds `λγ(s − x)`; `ties` adds `λγ·Trim_ρ(s − x)`."""
 
     method: str = "ta"
     scaling: float = 1.0
@@ -244,12 +132,9 @@ class LocalMerge:
             out = cls(**dict(value))
         else:
             raise TypeError(f"local_merge: expected a dict, a method name or LocalMerge, got {type(value)}")
-        if out.method not in LOCAL_MERGES:
-            raise ValueError(f"local_merge.method: {out.method!r} is not one of {LOCAL_MERGES}")
-        if not (isinstance(out.scaling, (int, float)) and out.scaling > 0):
-            raise ValueError(f"local_merge.scaling: expected a positive number, got {out.scaling!r}")
-        if not (isinstance(out.density, (int, float)) and 0 < out.density <= 1):
-            raise ValueError(f"local_merge.density: expected a number in (0, 1], got {out.density!r}")
+        check_choice("local_merge.method", out.method, LOCAL_MERGES)
+        check_number("local_merge.scaling", out.scaling, low=0, low_open=True)
+        check_number("local_merge.density", out.density, low=0, high=1, low_open=True)
         return out
 
 
@@ -274,18 +159,12 @@ class FWHistory:
 
 
 def _validate(iters, step, lmo, lmo_score, init, tol) -> None:
-    if not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"iters: expected a non-negative int, got {iters!r}")
-    if not (isinstance(step, (int, float)) and step > 0):
-        raise ValueError(f"step: expected a positive number, got {step!r}")
-    if lmo not in LMO_KINDS:
-        raise ValueError(f"lmo: {lmo!r} is not one of {LMO_KINDS}")
-    if lmo_score not in LMO_SCORES:
-        raise ValueError(f"lmo_score: {lmo_score!r} is not one of {LMO_SCORES}")
-    if init not in INITS:
-        raise ValueError(f"init: {init!r} is not one of {INITS}")
-    if not (isinstance(tol, (int, float)) and tol >= 0):
-        raise ValueError(f"tol: expected a number ≥ 0, got {tol!r}")
+    check_int("iters", iters, low=0)
+    check_number("step", step, low=0, low_open=True)
+    check_choice("lmo", lmo, LMO_KINDS)
+    check_choice("lmo_score", lmo_score, LMO_SCORES)
+    check_choice("init", init, INITS)
+    check_number("tol", tol, low=0)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -300,7 +179,7 @@ def _materialise(base: Any, names: Sequence[str] | None, device) -> tuple[Any, d
 
         base = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     if isinstance(base, torch.nn.Module):
-        # gradients of the materialised model in fp32 (spec §0.5): a bf16 base is upcast in place
+        # gradients of the materialised model in fp32: a bf16 base is upcast in place
         if any(p.dtype != torch.float32 for p in base.parameters() if p.dtype.is_floating_point):
             base.float()
         if device is not None:
@@ -342,9 +221,9 @@ def _zero_grads(params: Mapping[str, torch.Tensor], target: Any) -> None:
 def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateSource], local: LocalMerge) -> None:
     """In place: `x ← θ_0 + λ·TA(τ)` or `θ_0 + λ·TIES_ρ(τ)` with `θ_0` = the current `params`, `τ_i = θ_i − θ_0`.
 
-    Streamed candidate by candidate, one tensor resident. TA: `Σ_i τ_i`. TIES (Yadav et al. 2023; semantics of
-    PEFT `utils/merge_utils.py::ties` with unit weights): per-tensor top-ρ trim of each `τ_i`, elected sign
-    `sign(Σ_i trim(τ_i))` (0 → +), disjoint mean over the entries that agree with it. Two passes for TIES (sum of
+    Streamed candidate by candidate, one tensor resident. TA: `Σ_i τ_i`. TIES (Yadav et al. 2023, the combiner of
+    `merge_method: ties` with unit weights): per-tensor magnitude trim of each `τ_i` to density ρ, elected sign
+    of `Σ_i trim(τ_i)` (0 → +), disjoint mean over the entries that agree with it. Two passes for TIES (sum of
     trimmed vectors, then the agreeing sum and count): memory O(model), not O(N·model).
     """
     names = list(params)
@@ -364,7 +243,7 @@ def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateS
                 theta = src.read(n)
                 total[n] += trim_top(theta - base[n], local.density)
                 del theta
-        sign = {n: torch.where(total[n] >= 0, 1.0, -1.0) for n in names}
+        sign = {n: elect(total[n]) for n in names}
         del total
         agree = {n: torch.zeros_like(base[n]) for n in names}
         count = {n: torch.zeros_like(base[n]) for n in names}
@@ -373,10 +252,8 @@ def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateS
                 theta = src.read(n)
                 tau = trim_top(theta - base[n], local.density)
                 del theta
-                mask = (torch.sign(tau) == sign[n]).to(tau.dtype)
-                agree[n] += tau * mask
-                count[n] += mask
-        merged = {n: agree[n] / count[n].clamp(min=1.0) for n in names}
+                disjoint_add(agree[n], count[n], tau, sign[n], 1.0)
+        merged = {n: disjoint_mean(agree[n], count[n], sign[n], [1.0]) for n in names}
     for n in names:
         params[n].copy_(base[n] + local.scaling * merged[n])
 
@@ -471,7 +348,7 @@ def fw_merge(
     device: str | torch.device | None = None,
     tokenizer: Any = None,
 ) -> tuple[Any, FWHistory]:
-    """Frank–Wolfe merging of a pool of checkpoints (Chen et al. 2025, arXiv 2503.12649; spec §5.2).
+    """Frank–Wolfe merging of a pool of checkpoints (Chen et al. 2025, arXiv 2503.12649).
 
     Args:
         base: the starting point θ_0 and the architecture: an `nn.Module` (updated in place; upcast to fp32), a model
@@ -622,7 +499,7 @@ def _fw_update(
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# config entry point (`merge_method: fw_merging`, spec §5.4)
+# config entry point (`merge_method: fw_merging`)
 # --------------------------------------------------------------------------------------------------------------------
 
 _PARAM_KEYS = ("iters", "step", "lmo", "lmo_score", "init", "local_merge", "tol", "grad_device")
@@ -657,24 +534,16 @@ def _model_ref(entry: Any, field_name: str) -> str:
     return str(entry)
 
 
-def resolve_model_path(ref: str) -> str:
-    """A local folder/file as is; otherwise `org/name[@revision]` downloaded (safetensors, configs, tokenizer)."""
-    if Path(ref).exists():
-        return ref
-    if ref.startswith(("/", ".", "~")) or ref.count("/") != 1:
-        raise FileNotFoundError(f"{ref}: no such local checkpoint (and not a Hub id of the form org/name[@rev])")
-    repo, _, revision = ref.partition("@")
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(
-        repo, revision=revision or None, allow_patterns=["*.safetensors", "*.json", "*.model", "*.txt", "*.jinja"]
-    )
-
-
 def fw_merge_from_config(
-    config: Any, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True, **overrides
+    config: Any,
+    out_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    write_card: Callable[[Path, FWHistory], None] | None = None,
+    **overrides,
 ) -> dict:
-    """Run `merge_method: fw_merging` from a recipe (spec §5.4) and save the merged model to `out_dir`.
+    """Run `merge_method: fw_merging` from a recipe and save the merged model to `out_dir`.
 
     Recipe fields: `base_model`, `pool` (list of `{model: path|hub-id}`), `objective` (`kind`: proxy_ce |
     kl_to_experts | entropy, `data` jsonl, `targets`, `max_tokens_per_task`, `batch_size`, ...), `parameters`
@@ -682,8 +551,9 @@ def fw_merge_from_config(
     (output dtype; default the base checkpoint's), `tokenizer_source`. `overrides` replace `parameters` entries.
 
     The model is written with `save_pretrained` (safetensors) into `OUT.tmp`, with the tokenizer, the recipe
-    (`hf_stable_merge.yaml`) and the history (`fw_history.json`), then renamed to `OUT`; errors in the recipe are
-    raised before anything is created. Returns `{"output_dir", "history"}`.
+    (`hf_stable_merge.yaml`, local paths named by folder), the history (`fw_history.json`) and the card
+    (`write_card(tmp, history)`, when given), then renamed to `OUT`; errors in the recipe are raised before anything
+    is created. Returns `{"output_dir", "history"}`.
     """
     cfg = _config_dict(config)
     method = cfg.get("merge_method", "fw_merging")
@@ -747,8 +617,12 @@ def fw_merge_from_config(
         tokenizer.save_pretrained(tmp)
         import yaml
 
-        (tmp / "hf_stable_merge.yaml").write_text(yaml.safe_dump(_plain(cfg), sort_keys=False))
-        (tmp / "fw_history.json").write_text(json.dumps(history.to_dict(), indent=1))
+        from hf_stable.merging.config import _redact_paths
+
+        (tmp / "hf_stable_merge.yaml").write_text(yaml.safe_dump(_redact_paths(_plain(cfg)), sort_keys=False))
+        (tmp / "fw_history.json").write_text(json.dumps(_redact_paths(history.to_dict()), indent=1))
+        if write_card is not None:
+            write_card(tmp, history)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -1,4 +1,4 @@
-"""Objectives for FW-Merging (spec `merging.md` §5.1): what the merged model should do, as a differentiable loss.
+"""Objectives for FW-Merging: what the merged model should do, as a differentiable loss.
 
 An objective is an `FWObjective`: `prepare(target)` once (e.g. cache expert logits), `loss_and_grad(target)` (runs
 forward + backward over its data, accumulating `.grad` on the target's parameters, returns f as a float) and
@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from hf_stable.merging.fw_pool import CandidateSource, ResidentTracker
 
 
 class FWObjective:
@@ -250,8 +252,6 @@ class KLToExperts(FWObjective):
     def _expert_model(self, spec, model):
         if isinstance(spec, torch.nn.Module):
             return spec
-        from hf_stable.merging.fw import CandidateSource, ResidentTracker
-
         expert = copy.deepcopy(model)
         expert.zero_grad(set_to_none=True)
         src = CandidateSource(spec, ResidentTracker(), label=str(spec) if not isinstance(spec, Mapping) else "expert")
@@ -354,7 +354,7 @@ OBJECTIVE_KINDS = ("proxy_ce", "kl_to_experts", "entropy")
 
 
 def make_objective(spec: Mapping, *, tokenizer=None, resolve: Callable[[str], str] | None = None) -> FWObjective:
-    """Build an objective from the recipe's `objective:` mapping (spec §5.4).
+    """Build an objective from the recipe's `objective:` mapping.
 
     `kind`: proxy_ce (`data`, `max_tokens_per_task`, `batch_size`, `max_length`) | kl_to_experts (`targets`: list of
     models, `data` prompts optional — rows whose `task` names a target go to that target, other rows are shared —,

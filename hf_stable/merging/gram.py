@@ -1,15 +1,14 @@
-"""fp64 Gram matrices and the coefficient-space solvers built on them (spec `merging.md` §2, §3.3, §3.4).
+"""fp64 Gram matrices and the coefficient-space solvers built on them (docs/merging.md, "Fisher–Rao").
 
 Everything here is a pure torch function. The coefficient solvers take the N×N Gram matrix `G[i,j] = <x_i, x_j>`
 of the inputs (accumulated in float64 over a whole tensor, possibly tile by tile with `accumulate_gram`) and
 return `c (N,)` float64 such that the merged vector is `Σ_i c_i x_i` — a linear combination of the RAW inputs.
 
 * `karcher_coefficients`: weighted spherical Karcher (Fréchet) mean of the unit directions, then norm restoration
-  — the Fisher–Rao merge (Wang, Ye, Yin, arXiv 2603.04972; spherical proxy, §3.1). Same iteration as the direct
-  solver `karcher_direct`, written in the coordinates `u = Σ_i β_i x̂_i` (§3.4), so no d-dimensional vector is
-  ever formed.
+  — the Fisher–Rao merge (Wang, Ye, Yin, arXiv 2603.04972, its spherical proxy). Same iteration as the direct
+  solver `karcher_direct`, written in the coordinates `u = Σ_i β_i x̂_i`, so no d-dimensional vector is ever formed.
 * `nre_coefficients`: norm-restored Euclidean baselines `nre` (raw weighted mean, rescaled) and `nre_unit`
-  (normalised mean of unit directions, rescaled; = mergekit `multislerp`, §3.7).
+  (normalised mean of unit directions, rescaled).
 * `slerp_coefficients`: Shoemake's SLERP (1985) with mergekit's conventions (`merge_methods/slerp.py::slerp`):
   coefficients from the angle between the normalised inputs, applied to the raw inputs; linear interpolation
   when `|cos| > 0.9995`.
@@ -49,6 +48,48 @@ def gram(x: torch.Tensor) -> torch.Tensor:
         chunk = x[:, start : start + GRAM_CHUNK].to(torch.float64)
         acc.add_(chunk @ chunk.T)
     return acc
+
+
+class GramAccumulator:
+    """fp64 Gram `X Xᵀ` of N vectors streamed in chunks, bitwise independent of the chunking.
+
+    Elements are staged in fp64 blocks of `block` elements (the last one shorter); each block's `X_b X_bᵀ` is added
+    to the sum in order, exactly as `gram` does on the whole `(N, n)` matrix. Memory: `N × block × 8` bytes.
+    """
+
+    def __init__(self, n: int, block: int = GRAM_CHUNK):
+        self.n, self.block = n, block
+        self.staging = torch.empty(n, block, dtype=torch.float64)
+        self.fill = 0
+        self.acc = torch.zeros(n, n, dtype=torch.float64)
+        self.blocks = 0
+
+    def add(self, i: int, start: int, values: torch.Tensor) -> None:
+        """Stage `values` (float32) as elements `start … start+len−1` of the current block's row i."""
+        self.staging[i, start : start + values.numel()].copy_(values)
+
+    def advance(self, m: int) -> None:
+        """The staged rows grew by `m` elements (all N rows); a full block is added to the sum."""
+        self.fill += m
+        if self.fill == self.block:
+            self._flush()
+
+    def room(self) -> int:
+        return self.block - self.fill
+
+    def _flush(self) -> None:
+        if self.fill == 0:
+            return
+        x = self.staging if self.fill == self.block else self.staging[:, : self.fill].contiguous()
+        g = x @ x.T
+        self.acc = g if self.blocks == 0 else self.acc.add_(g)
+        self.blocks += 1
+        self.fill = 0
+
+    def result(self) -> torch.Tensor:
+        """The Gram of everything added (adds the last, partial block)."""
+        self._flush()
+        return self.acc
 
 
 def accumulate_gram(acc: torch.Tensor | None, tile: torch.Tensor) -> torch.Tensor:
@@ -102,7 +143,8 @@ def _normalize_weights(weights: torch.Tensor | None, n: int) -> torch.Tensor:
 
 
 def restore_norm(r: torch.Tensor, alpha: torch.Tensor, mode: str) -> torch.Tensor:
-    """Scalar norm `s` (float64) from norms `r (M,)` and normalised weights `alpha (M,)` (§3.3 step 4)."""
+    """Scalar norm `s` (float64) from norms `r (M,)` and normalised weights `alpha (M,)`: the norm restored on the
+    merged direction."""
     if mode == "weighted_mean":
         return (alpha * r).sum()
     if mode == "mean":
@@ -148,7 +190,7 @@ def karcher_unit_coefficients(
     eps: float = 1e-12,
     fallback: bool = True,
 ) -> tuple[torch.Tensor, dict]:
-    """Weighted Karcher mean on the unit sphere in coefficient space (§3.4).
+    """Weighted Karcher mean on the unit sphere in coefficient space: `u = Σ_i β_i x̂_i`.
 
     Args:
         gh: `(M, M)` float64 unit Gram `Ĝ` (unit diagonal) of the directions `x̂_i`.
@@ -212,7 +254,7 @@ def karcher_coefficients(
     eps: float = 1e-12,
     return_info: bool = False,
 ):
-    """Fisher–Rao merge coefficients from the Gram matrix (spec §3.3–3.4).
+    """Fisher–Rao merge coefficients from the Gram matrix (Wang, Ye, Yin 2026, arXiv 2603.04972).
 
     Args:
         gram: `(N, N)` float64 `G[i,j] = <x_i, x_j>` of the inputs (full weights or task vectors).
@@ -284,7 +326,7 @@ def karcher_direct(
     eta_min: float = 1.0 / 64,
     eps: float = 1e-12,
 ) -> torch.Tensor:
-    """Reference solver on explicit vectors (§3.3), float64; for tests and small problems.
+    """Reference solver on explicit vectors, float64; for tests and small problems.
 
     Args:
         vectors: `(N, d)` inputs.

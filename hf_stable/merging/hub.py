@@ -3,12 +3,13 @@
 `HfApi.create_repo(exist_ok=True)`, then one `HfApi.upload_folder` restricted (`allow_patterns`) to the files of
 the merged model: weight shards, the shard index, `config.json`, `generation_config.json`, tokenizer files, the card
 (`README.md`), the recipe (`hf_stable_merge.yaml`) and `merge_diagnostics.json`. `upload_folder` is resumable and
-splits very large folders into several commits (huggingface_hub ≥ 1.0 with `hf_xet`; spec `merging.md` §7.4), so
-re-running an interrupted push continues it.
+splits very large folders into several commits (huggingface_hub ≥ 1.0 with `hf_xet`), so re-running an
+interrupted push continues it.
 
 Only the main process pushes (DESIGN.md "Distributed is normal"); other ranks return None. The token is handed to
 `HfApi` and nowhere else — never written, printed or logged — and a folder holding a file that contains the token is
-refused before anything is uploaded.
+refused before anything is uploaded. The scan uses the token the push will use: the one given, else the locally
+saved one (`huggingface_hub.get_token()`: `HF_TOKEN` or `hf auth login`).
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ def push_merged(
     if not isinstance(repo_id, str) or repo_id.count("/") > 1 or not repo_id.strip("/"):
         raise ValueError(f"push: repo_id must look like 'user/name', got {repo_id!r}")
     files = upload_files(folder)
-    check_no_token(folder, files, token)
+    from huggingface_hub import get_token
+
+    check_no_token(folder, files, token or get_token())
     if api is None:
         from huggingface_hub import HfApi
 

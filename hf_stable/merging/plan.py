@@ -1,363 +1,598 @@
-"""Merge planning from headers only: compatibility checks, tensor order and row tiling (spec `merging.md` §8.2).
+"""What a merge will do, decided from headers only: per output tensor, its sources, method, parameters, passes and
+chunks, and the buffers the engine allocates (the whole result of `merge(..., dry_run=True)`).
 
-* `check_compatible` (§8.2 step 3): names, shapes and dtype classes must agree across the inputs; tied output
-  embeddings are reconciled; float tensors are merged, non-float ones copied (and must be bitwise equal:
-  `check_equal_nonfloat`, which is the one function here that reads data).
-* `plan_tiles` (§8.2 step 5): row ranges of a tensor such that N fp32 tiles fit a memory budget.
-* `order_by_offset` (§8.2 step 5): visit tensors in the reference file's byte order, so reads are sequential.
-* `parse_size`: "2GB" / "512MiB" / int → bytes.
+`build_plan(config, budget)` opens every input's headers, checks compatibility (`compat`), maps each output tensor
+to its input tensors (identity for `models:` recipes; renamed layers for layer-range `slices:`), evaluates each
+tensor's parameters at its layer position (`MergeConfig.global_parameters` / `own_parameters`, mergekit 0.1.5
+semantics), validates them against the method's declarations, and cuts tensors into row chunks.
 
-No torch import at module level, so `hf-stable merge --dry-run` plans a 100 GB merge without loading torch.
+Memory (what `memory_budget` bounds, as a ceiling): the engine allocates once a ring of `RING_SLOTS` chunk buffers
+(every source of one chunk plus its output), piece-sized fp32 scratch, the fp64 staging block of the Gram, and a
+raw cache that keeps a whole tensor's inputs resident when a method reads them more than once. The chunk is
+`MAX_CHUNK_ELEMS` elements (4 MiB of fp32) whatever the budget; only a budget too small for that shrinks it. The
+cache takes what is left, up to `RESIDENT_CAP` in all. Fixed scratch that does not grow with the model (the
+radix-selection histograms, 0.75 MiB) is outside the budget.
+
+Passes per tensor, before the combine pass:
+* gram kind needing the Gram (Fisher–Rao, SLERP, ...): one `gram` pass;
+* elementwise kind: `kth_high` + `kth_low` when the method ranks scores (TIES, breadcrumbs thresholds), then
+  `sums` when it needs whole-tensor sums (the L1 rescale);
+* linear, task arithmetic, WSM, passthrough, DARE without rescale: none (one read).
+A tensor read more than once whose inputs fit the raw cache is read once.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .io.header import ModelCheckpoint, TensorInfo
-
-
-if TYPE_CHECKING:
-    from .io.reader import SafetensorsReader
-
-
-# Memory accounting of one tile (see `plan_tiles`). The compute stage holds the N input tiles of a tile set as fp32
-# (`N × rows × row_numel × 4` bytes) while the readers fill the next set (the bounded queue of §8.4 has depth one:
-# double buffering). So two tile sets are alive at once; stored-dtype read buffers (≤ fp32 size for 16-bit inputs,
-# freed on conversion) and the one-row-of-N output tile fit in the slack. Methods' elementwise temporaries are
-# accounted for by the engine through `fixed_overhead`.
-PIPELINE_FACTOR = 2
-
-# Bytes per element of a compute tile: the engine computes in fp32.
-COMPUTE_ITEMSIZE = 4
-
-# Output-embedding names that transformers drops from a checkpoint when `tie_word_embeddings` is true (the weight
-# is the input embedding's). Listed explicitly: guessing from names would hide real missing tensors.
-TIED_OUTPUT_NAMES = ("lm_head.weight",)
-
-# How many names an error message lists before "... (n in all)".
-_SHOW = 5
+from .compat import check_compatible, check_sources, parse_size
+from .config import (
+    DTYPE_NAMES,
+    MergeConfig,
+    ModelRef,
+    OutputSlice,
+    is_pre_layer,
+    layer_index,
+    layer_position,
+    with_layer,
+)
+from .io.dtypes import DTYPE_ITEMSIZE
+from .io.header import ModelCheckpoint
+from .resolve import resolve_model_path
 
 
-def _show(names: list[str], limit: int = _SHOW) -> str:
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+RING_SLOTS = 3  # one chunk being read, one being combined, one being written
+MAX_CHUNK_ELEMS = 1 << 20  # elements per chunk: 4 MiB of fp32 per input
+PIECE_ELEMS = 1 << 18  # elements combined at a time: 1 MiB of fp32 per buffer, cache-resident; fewer calls
+GRAM_BLOCK = 1 << 20  # elements per fp64 Gram block (hf_stable.merging.gram.GRAM_CHUNK)
+RESIDENT_CAP = 192 * 2**20  # ring + scratch + Gram staging + raw cache never exceed this, whatever the budget
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# sizes
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
-
-
-def parse_size(value: int | str) -> int:
-    """A byte count from an int or a string such as `"2GB"`, `"2 GiB"`, `"512MB"`, `"1.5GB"`, `"4096"`.
-
-    Units (case-insensitive), as transformers' `convert_file_size_to_int` for `max_shard_size`: decimal
-    `KB`/`MB`/`GB`/`TB` = 10³/10⁶/10⁹/10¹² bytes, binary `KiB`/`MiB`/`GiB`/`TiB` = 2¹⁰/2²⁰/2³⁰/2⁴⁰, `B` or no
-    unit = bytes. So `"2GB"` = 2 000 000 000 and `"2GiB"` = 2 147 483 648. Bare `K`/`M`/`G` are refused as
-    ambiguous. Fractions are rounded down to whole bytes.
-
-    Raises:
-        ValueError: naming the bad value, for negative numbers, unknown units, or anything that is not a size.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"size must be an int number of bytes or a string like '2GB' or '512MiB', got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size must be a non-negative number of bytes, got {value!r}")
-        return value
-    m = _SIZE_RE.match(value)
-    unit = m.group(2).upper() if m else None
-    if m is None or unit not in _SIZE_UNITS:
-        hint = (
-            " (bare K/M/G/T are ambiguous: write GB for 10^9 or GiB for 2^30)" if unit in ("K", "M", "G", "T") else ""
-        )
-        raise ValueError(
-            f"cannot parse size {value!r}: expected a number with an optional unit B, KB, MB, GB, TB, KiB, MiB, "
-            f"GiB or TiB{hint}"
-        )
-    number = m.group(1)
-    if "." in number:
-        return int(Decimal(number) * _SIZE_UNITS[unit])  # Decimal: "1.1GB" is exactly 1_100_000_000
-    return int(number) * _SIZE_UNITS[unit]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# compatibility
+def _label_models(refs: list[ModelRef]) -> list[str]:
+    labels, seen = [], {}
+    for ref in refs:
+        label = ref.spec
+        if label in seen:
+            seen[label] += 1
+            label = f"{label}#{seen[label]}"
+        else:
+            seen[label] = 0
+        labels.append(label)
+    return labels
 
 
 @dataclass
-class CompatReport:
-    """What `check_compatible` found.
+class Source:
+    """One input of an output tensor: the model (its label) and the tensor's name in that model."""
+
+    label: str
+    name: str
+
+
+@dataclass
+class TensorPlan:
+    """One output tensor.
 
     Attributes:
-        reference: name of the reference model (its file order and dtypes define the output).
-        models: the model names, in the order given.
-        out_names: output tensor names, in the reference's file order (shards in order, byte offset within).
-        float_names: the floating-point outputs (merged), in `out_names` order.
-        copy_names: non-float outputs (integer, bool, complex), in `out_names` order: copied from the reference,
-            after `check_equal_nonfloat` confirmed every input holds the same bytes.
-        dropped: `{name: reason}` for tensors present in some inputs and deliberately not written (tied output
-            embeddings: transformers re-ties them from the input embedding at load).
-        infos: `{name: TensorInfo}` of the reference for every output (dtype, shape, where it is).
-        tied: `{model: True | False | None}` — each model's `tie_word_embeddings` (`None` when the config does not
-            say).
+        name, shape: the output tensor.
+        in_dtype: stored dtype of the first input (safetensors string); `out_dtype`: what is written.
+        action: `"merge"` (the recipe's method), `"linear"` (matched `filter_exclude`) or `"copy"` (non-float).
+        kind: `"gram"`, `"elementwise"` or `"copy"`. `space`: `"weights"` or `"task_vector"` (base subtracted).
+        params: the method's resolved parameters; `weights`: per-model weights (`None` → 1 each).
+        sources: the inputs, then the base for task vectors (the reference for copies).
+        passes: data passes before the combine pass (`gram`, `kth_high`, `kth_low`, `sums`).
+        ranks: per model the ranks whose k-th largest score the method needs (elementwise), or None.
+        row_len: elements of a logical row (row-local methods see whole rows; a vector is one row).
+        chunks: row ranges; `cached`: the inputs stay resident across passes (read once).
+        read_bytes, write_bytes: planned I/O for this tensor.
     """
 
-    reference: str
-    models: list[str]
-    out_names: list[str]
-    float_names: list[str]
-    copy_names: list[str]
-    dropped: dict[str, str] = field(default_factory=dict)
-    infos: dict[str, TensorInfo] = field(default_factory=dict)
-    tied: dict[str, bool | None] = field(default_factory=dict)
+    name: str
+    shape: tuple[int, ...]
+    in_dtype: str
+    out_dtype: str
+    action: str
+    kind: str
+    space: str = "weights"
+    method: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    weights: list[float] | None = None
+    sources: list[Source] = field(default_factory=list)
+    needs_gram: bool = False
+    passes: tuple[str, ...] = ()
+    ranks: list[tuple[int, ...] | None] | None = None
+    row_local: bool = False
+    row_len: int = 1
+    row_numel: int = 1
+    chunks: list[tuple[int, int]] = field(default_factory=list)
+    cached: bool = False
+    read_bytes: int = 0
+    write_bytes: int = 0
+    source_bytes: int = 0
 
     @property
-    def total_bytes(self) -> int:
-        """Bytes of the reference's outputs in their stored dtypes."""
-        return sum(self.infos[n].nbytes for n in self.out_names)
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.sources) - (1 if self.space == "task_vector" else 0)
+
+    @property
+    def tiles(self) -> list[tuple[int, int]]:
+        return self.chunks
+
+    @property
+    def two_pass(self) -> bool:
+        return bool(self.passes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "in_dtype": self.in_dtype,
+            "out_dtype": self.out_dtype,
+            "action": self.action,
+            "kind": self.kind,
+            "space": self.space,
+            "method": getattr(self.method, "name", None),
+            "params": dict(self.params),
+            "weights": self.weights,
+            "sources": [(s.label, s.name) for s in self.sources],
+            "passes": list(self.passes),
+            "chunks": len(self.chunks),
+            "cached": self.cached,
+            "read_bytes": self.read_bytes,
+            "write_bytes": self.write_bytes,
+        }
 
 
-def tie_word_embeddings(config: dict | None) -> bool | None:
-    """`tie_word_embeddings` from a `config.json` dict (top level, else `text_config` for multimodal configs);
-    `None` when absent: transformers v5 has no global default, the model class decides."""
-    if not config:
-        return None
-    for cfg in (config, config.get("text_config")):
-        if isinstance(cfg, dict) and isinstance(cfg.get("tie_word_embeddings"), bool):
-            return cfg["tie_word_embeddings"]
-    return None
+@dataclass
+class MergePlan:
+    """The whole merge: inputs, the engine's buffers and one `TensorPlan` per output tensor (in write order)."""
+
+    method: str
+    inputs: list[str]
+    input_paths: list[str]
+    base: str | None
+    base_path: str | None
+    reference: str
+    budget: int
+    max_shard_size: int
+    tensors: list[TensorPlan]
+    chunk_elems: int = MAX_CHUNK_ELEMS
+    piece_elems: int = PIECE_ELEMS
+    gram_block: int = GRAM_BLOCK
+    ring_bytes: int = 0
+    scratch_bytes: int = 0
+    staging_bytes: int = 0
+    cache_bytes: int = 0
+    slot_in_bytes: int = 0
+    slot_out_bytes: int = 0
+    max_inputs: int = 1
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    checkpoints: dict[str, ModelCheckpoint] = field(default_factory=dict, repr=False)
+
+    @property
+    def n_chunks(self) -> int:
+        return sum(len(t.chunks) for t in self.tensors)
+
+    n_tiles = n_chunks
+
+    @property
+    def bytes_to_read(self) -> int:
+        return sum(t.read_bytes for t in self.tensors)
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(t.write_bytes for t in self.tensors)
+
+    @property
+    def n_two_pass(self) -> int:
+        return sum(t.two_pass for t in self.tensors)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the engine's preallocated buffers: ring, scratch, Gram staging, raw cache (≤ the budget)."""
+        return self.ring_bytes + self.scratch_bytes + self.staging_bytes + self.cache_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "inputs": list(self.inputs),
+            "base": self.base,
+            "reference": self.reference,
+            "memory_budget": self.budget,
+            "chunk_elems": self.chunk_elems,
+            "buffers": {
+                "ring": self.ring_bytes,
+                "scratch": self.scratch_bytes,
+                "gram_staging": self.staging_bytes,
+                "raw_cache": self.cache_bytes,
+            },
+            "max_shard_size": self.max_shard_size,
+            "n_tensors": len(self.tensors),
+            "n_chunks": self.n_chunks,
+            "n_multi_pass": self.n_two_pass,
+            "bytes_to_read": self.bytes_to_read,
+            "bytes_to_write": self.bytes_to_write,
+            "dropped": dict(self.dropped),
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+
+    def summary(self) -> str:
+        """Human-readable plan (what `hf-stable merge --dry-run` prints)."""
+        gib, mib = 2**30, 2**20
+        kinds: dict[str, int] = {}
+        for t in self.tensors:
+            kinds[t.action] = kinds.get(t.action, 0) + 1
+        lines = [
+            f"merge_method: {self.method}",
+            f"inputs ({len(self.inputs)}): " + ", ".join(self.inputs),
+            f"base: {self.base or '-'}    reference (order, config): {self.reference}",
+            f"tensors: {len(self.tensors)} ({', '.join(f'{k} {v}' for k, v in kinds.items())}); "
+            f"chunks: {self.n_chunks}; multi-pass tensors: {self.n_two_pass}",
+            f"memory: budget {self.budget / gib:.3f} GiB; buffers {self.allocated_bytes / mib:.1f} MiB (ring "
+            f"{self.ring_bytes / mib:.1f}, scratch {self.scratch_bytes / mib:.1f}, Gram staging "
+            f"{self.staging_bytes / mib:.1f}, raw cache {self.cache_bytes / mib:.1f}); "
+            f"chunk {self.chunk_elems} elements",
+            f"bytes to read: {self.bytes_to_read / gib:.3f} GiB; bytes to write: {self.bytes_to_write / gib:.3f} GiB",
+        ]
+        if self.dropped:
+            lines.append("dropped: " + "; ".join(f"{k} ({v})" for k, v in self.dropped.items()))
+        width = max((len(t.name) for t in self.tensors), default=10)
+        for t in self.tensors:
+            lines.append(
+                f"  {t.name:<{width}}  {list(t.shape)!s:<14} {t.in_dtype:>4}->{t.out_dtype:<4} {t.action:<6} "
+                f"{t.kind:<11} chunks={len(t.chunks):<4} passes={1 + len(t.passes)}"
+                + (f" ({', '.join(t.passes)}{', cached' if t.cached else ''})" if t.passes else "")
+            )
+        return "\n".join(lines)
 
 
-def check_compatible(checkpoints: dict[str, ModelCheckpoint], *, reference: str) -> CompatReport:
-    """Check that the inputs can be merged tensor by tensor, from their headers (§8.2 step 3).
+def _out_dtype(config: MergeConfig, first_input_dtype: str) -> str:
+    name = config.out_dtype or config.dtype
+    return DTYPE_NAMES[name] if name else first_input_dtype
 
-    Rules:
-        * every model has the reference's tensors and no others, except tied output embeddings (below);
-        * each tensor has the same shape in every model;
-        * each tensor has the same dtype class (float / int / bool / complex) in every model; float widths may
-          differ (BF16 with F32): the engine computes in fp32;
-        * tied output embeddings: a model saved with `tie_word_embeddings=True` has no `lm_head.weight` (it is
-          the input embedding). When `lm_head.weight` is stored by some models only, it is dropped from the output
-          (written once, as the embedding) provided no model's config says `tie_word_embeddings: false` (then the
-          models are not tied alike, and merging one's `lm_head` with another's embedding would be wrong).
 
-    Non-finite values are not checked here (that needs the data; the engine checks tiles as it reads them).
+def open_checkpoint(path: str, label: str, allow_pickle: bool) -> ModelCheckpoint:
+    try:
+        return ModelCheckpoint.open(path, allow_pickle=allow_pickle)
+    except ValueError as err:
+        if not allow_pickle and "pickle" in str(err).lower():
+            raise ValueError(
+                f"model {label!r}: {err} (CLI: --allow-pickle; recipe: allow_pickle: true; merge(allow_pickle=True))"
+            ) from None
+        raise
 
-    Args:
-        checkpoints: `{model name: ModelCheckpoint}`, in the recipe's order.
-        reference: the key whose file order and dtypes define the output (the base model, or the first).
 
-    Raises:
-        ValueError: listing every problem found (missing/extra tensors per model with up to 5 names each, shape
-            and dtype-class mismatches naming the tensor, both values and both models).
-    """
-    if not checkpoints:
-        raise ValueError("check_compatible needs at least one checkpoint")
-    if reference not in checkpoints:
-        raise ValueError(f"reference {reference!r} is not one of the models: {list(checkpoints)}")
-    models = list(checkpoints)
-    ref = checkpoints[reference]
-    tied = {m: tie_word_embeddings(c.config) for m, c in checkpoints.items()}
-    problems: list[str] = []
+def _num_layers(ckpt: ModelCheckpoint) -> int | None:
+    """Decoder layers: `num_hidden_layers` / `n_layer` in config.json, else from tensor names."""
+    cfg = ckpt.config or {}
+    for c in (cfg, cfg.get("text_config") or {}):
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(c.get(key), int):
+                return c[key]
+    idx = [layer_index(n) for n in ckpt.tensors]
+    idx = [i for i in idx if i is not None]
+    return max(idx) + 1 if idx else None
 
-    # Tied output embeddings present in some inputs only.
+
+@dataclass
+class _Out:
+    """One output tensor before planning: its sources' refs/labels/names, slice and layer position."""
+
+    name: str
+    refs: list[ModelRef]  # one per input (per-model parameters live here)
+    labels: list[str]
+    in_names: list[str]
+    out_slice: OutputSlice | None
+    t: float
+    base_name: str | None = None  # the base model's tensor (task vectors)
+
+
+def build_plan(
+    config: MergeConfig,
+    budget: int,
+    *,
+    allow_pickle: bool = False,
+    diagnose: bool = False,
+    max_shard_size: int | None = None,
+) -> MergePlan:
+    """Plan a merge from headers (no tensor data read). Raises `ValueError` for every recipe/model problem."""
+    from .methods import get_merge_method
+    from .methods.base import gather_params
+
+    method = config.validate()  # unknown method, bad global parameters, a missing base model: before any I/O
+    has_base = config.base_model is not None
+    global0 = method.resolve(config.global_parameters(config.slices[0] if config.slices else None))
+    uses_base = has_base and method.space(global0, has_base) == "task_vector"
+
+    checkpoints: dict[str, ModelCheckpoint] = {}
+    paths: dict[str, str] = {}
+
+    def open_ref(ref: ModelRef, label: str) -> None:
+        if label not in checkpoints:
+            paths[label] = resolve_model_path(ref.model, ref.revision)
+            checkpoints[label] = open_checkpoint(paths[label], label, allow_pickle)
+
+    base_label = config.base_model.spec if has_base else None
+    outs: list[_Out] = []
+    copies: set[str] = set()
     dropped: dict[str, str] = {}
-    for name in TIED_OUTPUT_NAMES:
-        have = [m for m in models if name in checkpoints[m].tensors]
-        if not have or len(have) == len(models):
-            continue  # stored everywhere (merged like any tensor) or nowhere
-        lack = [m for m in models if m not in have]
-        untied = [m for m in models if tied[m] is False]
-        if untied:
-            problems.append(
-                f"{name!r} is stored by {have} but not by {lack}, and {untied} set tie_word_embeddings=false: "
-                f"a model without {name!r} has tied embeddings, so these models are not tied alike and cannot be "
-                "merged tensor by tensor"
+    overrides: dict[str, Any] = {}
+    whole = config.slices is None or _whole_model_slice(config, open_ref, checkpoints)
+    if whole:
+        out_slice = config.slices[0] if config.slices else None
+        refs = [s.model for s in out_slice.sources] if out_slice else config.models
+        if uses_base:
+            refs = [r for r in refs if not r.same_model(config.base_model)]
+        elif method.base == "endpoint" and has_base:
+            refs = [config.base_model, *[r for r in refs if not r.same_model(config.base_model)]]
+        if not refs:
+            raise ValueError("no input model left after removing base_model from models")
+        labels = _label_models(refs)
+        for ref, label in zip(refs, labels, strict=True):
+            open_ref(ref, label)
+        if has_base:
+            base_label = next(
+                (lab for lab, ref in zip(labels, refs, strict=True) if ref.same_model(config.base_model)), base_label
             )
+            open_ref(config.base_model, base_label)
+        reference = base_label if has_base else labels[0]
+        involved = [label for label in dict.fromkeys([*labels, base_label]) if label is not None]
+        report = check_compatible({label: checkpoints[label] for label in involved}, reference=reference)
+        dropped = dict(report.dropped)
+        num_layers = _num_layers(checkpoints[reference])
+        for name in report.out_names:
+            if name in report.copy_names:
+                copies.add(name)
+            layer = layer_index(name)
+            t = layer_position(name, layer, num_layers)
+            outs.append(_Out(name, list(refs), list(labels), [name] * len(refs), out_slice, t, name))
+        inputs = list(labels)
+    else:
+        if has_base:
+            open_ref(config.base_model, base_label)
+        reference, outs, inputs, overrides = _frankenmerge(config, method, uses_base, open_ref, checkpoints)
+        mapping = {o.name: list(zip(o.labels, o.in_names, strict=True)) for o in outs}
+        for o in outs:
+            if uses_base:
+                mapping[o.name].append((base_label, o.base_name))
+        check_sources(mapping, checkpoints)
+        copies = {o.name for o in outs if checkpoints[o.labels[0]].tensors[o.in_names[0]].dtype_class != "float"}
+
+    plans: list[TensorPlan] = []
+    validated: set[str] = set()
+    linear = None
+    for o in outs:
+        info = checkpoints[o.labels[0]].tensors[o.in_names[0]]
+        if o.name in copies:
+            plans.append(
+                TensorPlan(o.name, info.shape, info.dtype, info.dtype, "copy", "copy",
+                           sources=[Source(reference if whole else o.labels[0], o.in_names[0])],
+                           row_numel=info.row_numel)
+            )  # fmt: skip
             continue
-        dropped[name] = (
-            f"tied output embedding: stored by {have} only; the models without it tie it to the input embedding, "
-            "so the merge writes the embedding once and transformers re-ties it at load"
-        )
-
-    ref_names = [n for n in ref.tensors if n not in dropped]
-    ref_set = set(ref_names)
-    for m in models:
-        if m == reference:
-            continue
-        names = checkpoints[m].tensors
-        missing = [n for n in ref_names if n not in names]
-        extra = [n for n in names if n not in ref_set and n not in dropped]
-        if missing:
-            problems.append(f"model {m!r} lacks {len(missing)} tensor(s) of reference {reference!r}: {_show(missing)}")
-        if extra:
-            problems.append(
-                f"model {m!r} has {len(extra)} tensor(s) that reference {reference!r} lacks: {_show(extra)}"
-            )
-
-    mismatches: list[str] = []
-    for name in ref_names:
-        info = ref.tensors[name]
-        for m in models:
-            other = checkpoints[m].tensors.get(name)
-            if m == reference or other is None:
-                continue
-            if other.shape != info.shape:
-                mismatches.append(
-                    f"tensor {name!r}: shape {list(info.shape)} in {reference!r} but {list(other.shape)} in {m!r}"
+        if config.is_excluded(o.name):
+            linear = linear or get_merge_method("linear")
+            m, action = linear, "linear"
+        else:
+            m, action = method, "merge"
+        global_params = config.global_parameters(o.out_slice, o.name, o.t)
+        own = [config.own_parameters(r.parameters, n, o.t) for r, n in zip(o.refs, o.in_names, strict=True)]
+        if "weight" in global_params:  # mergekit: a model without its own weight falls back to the global one
+            own = [{"weight": global_params["weight"], **x} for x in own]
+        weights, params = gather_params(global_params, own, m.param_defaults)
+        if action == "linear":
+            params = {"normalize": True}
+        params = m.resolve(params)
+        key = repr((m.name, sorted(params.items(), key=lambda kv: kv[0]), weights))
+        if key not in validated:
+            try:
+                m.validate(params, len(o.refs), has_base)
+                m.validate_weights(weights, params)
+            except ValueError as err:
+                raise ValueError(f"tensor {o.name!r}: {err}") from None
+            validated.add(key)
+        space = m.space(params, has_base)
+        sources = [Source(lab, n) for lab, n in zip(o.labels, o.in_names, strict=True)]
+        if space == "task_vector":
+            sources.append(Source(base_label, o.base_name))
+        kind = m.kind_for(params)
+        tp = TensorPlan(
+            o.name, info.shape, info.dtype, _out_dtype(config, info.dtype), action, kind, space=space, method=m,
+            params=params, weights=weights, sources=sources, row_numel=info.row_numel,
+        )  # fmt: skip
+        if kind == "gram":
+            tp.needs_gram = bool(m.needs_gram(params))
+            tp.passes = ("gram",) if tp.needs_gram else ()
+        else:
+            tp.row_local = bool(m.row_local_for(params))
+            if tp.row_local and len(info.shape) > 2:
+                raise ValueError(
+                    f"tensor {o.name!r}: merge_method {m.name!r} with these parameters works row by row on matrices "
+                    f"and vectors; this tensor has shape {list(info.shape)}"
                 )
-            elif other.dtype_class != info.dtype_class:
-                mismatches.append(
-                    f"tensor {name!r}: dtype {info.dtype} ({info.dtype_class}) in {reference!r} but {other.dtype} "
-                    f"({other.dtype_class}) in {m!r}; only float widths may differ"
-                )
-    if mismatches:
-        shown = mismatches[:10] + ([f"... ({len(mismatches)} mismatches in all)"] if len(mismatches) > 10 else [])
-        problems.extend(shown)
-    if problems:
-        raise ValueError("models cannot be merged:\n  " + "\n  ".join(problems))
+            tp.ranks = m.ranks(params, tp.n_inputs, tp.numel)
+            passes = ("kth_high", "kth_low") if tp.ranks is not None else ()
+            tp.passes = passes + (("sums",) if m.needs_sums(params) else ())
+        tp.row_len = info.numel if len(info.shape) <= 1 else info.row_numel
+        plans.append(tp)
 
-    float_names = [n for n in ref_names if ref.tensors[n].dtype_class == "float"]
-    copy_names = [n for n in ref_names if ref.tensors[n].dtype_class != "float"]
-    return CompatReport(
+    plan = MergePlan(
+        method=config.merge_method,
+        inputs=inputs,
+        input_paths=[paths[label] for label in inputs],
+        base=base_label,
+        base_path=paths.get(base_label) if base_label else None,
         reference=reference,
-        models=models,
-        out_names=ref_names,
-        float_names=float_names,
-        copy_names=copy_names,
+        budget=budget,
+        max_shard_size=max_shard_size if max_shard_size is not None else parse_size(config.max_shard_size),
+        tensors=plans,
+        config_overrides=overrides,
         dropped=dropped,
-        infos={n: ref.tensors[n] for n in ref_names},
-        tied=tied,
+        checkpoints=checkpoints,
     )
+    _apply_buffers(plan, plans, checkpoints, budget, diagnose)
+    return plan
 
 
-def check_equal_nonfloat(
-    readers: dict[str, SafetensorsReader], names: list[str], *, chunk_bytes: int = 64 * 2**20
-) -> None:
-    """Check that each non-float tensor in `names` holds the same bytes in every reader (§8.2 step 3: integer and
-    bool tensors — position ids, masks, quantisation tables — cannot be averaged, so they are copied, which is only
-    right if the inputs agree).
-
-    Reads row chunks of at most `chunk_bytes` per model, so memory stays bounded for any tensor size.
-
-    Args:
-        readers: `{model name: SafetensorsReader}`; the first one is compared with every other.
-        names: tensors to compare (e.g. `CompatReport.copy_names`).
-
-    Raises:
-        ValueError: naming the tensor, the two models, and the first differing element (flat index and values).
-    """
-    import torch
-
-    if len(readers) < 2:
-        return
-    models = list(readers)
-    first = models[0]
-    for name in names:
-        info = readers[first].info(name)
-        step = max(1, chunk_bytes // max(1, info.row_nbytes))
-        for start in range(0, info.n_rows, step):
-            stop = min(info.n_rows, start + step)
-            a = readers[first].read_rows(name, start, stop)
-            for m in models[1:]:
-                b = readers[m].read_rows(name, start, stop)
-                if a.dtype != b.dtype or a.shape != b.shape:
-                    raise ValueError(
-                        f"tensor {name!r}: {a.dtype}{list(a.shape)} in {first!r} but {b.dtype}{list(b.shape)} in {m!r}"
-                    )
-                # Compare bytes, not values: bitwise equality is what copying needs (and NaN-safe for complex).
-                ab, bb = a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
-                if not torch.equal(ab, bb):
-                    diff = (a.reshape(-1) != b.reshape(-1)).nonzero()
-                    i = int(diff[0]) if diff.numel() else 0
-                    flat = start * info.row_numel + i
-                    raise ValueError(
-                        f"tensor {name!r} ({info.dtype}) differs between {first!r} and {m!r} (first at flat index "
-                        f"{flat}: {a.reshape(-1)[i].item()!r} vs {b.reshape(-1)[i].item()!r}); non-float tensors are "
-                        "copied, not merged, so they must be identical in every model"
-                    )
+def _whole_model_slice(config: MergeConfig, open_ref, checkpoints) -> bool:
+    """A single slice whose every source spans all layers of its model is the `models:` form."""
+    if len(config.slices) != 1:
+        return False
+    for src in config.slices[0].sources:
+        label = src.model.spec
+        open_ref(src.model, label)
+        if src.layer_range != (0, _num_layers(checkpoints[label]) or 0):
+            return False
+    return True
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# order and tiles
+def _layer_tensors(ckpt: ModelCheckpoint, layer: int) -> list[str]:
+    return [n for n in ckpt.tensors if layer_index(n) == layer]
 
 
-def order_by_offset(names: list[str], ckpt: ModelCheckpoint) -> list[str]:
-    """`names` sorted by where `ckpt` stores them: shard order (`ckpt.files`), then byte offset — the order that
-    makes every read sequential in the reference's files (§8.2 step 5)."""
-    file_rank = {f: i for i, f in enumerate(ckpt.files)}
-    missing = [n for n in names if n not in ckpt.tensors]
-    if missing:
-        raise ValueError(f"checkpoint {ckpt.path!r} has no tensor(s) {_show(missing)}")
+def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkpoints):
+    """Outputs of layer-range slices: pre-layer tensors from the first slice's sources, each slice's layers renumbered
+    in order, post-layer tensors from the last slice's sources (mergekit 0.1.5 `MergePlanner.plan_module`)."""
+    outs: list[_Out] = []
 
-    def key(n: str) -> tuple[int, int]:
-        info = ckpt.tensors[n]
-        return file_rank.get(info.file, file_rank.get(str(Path(info.file)), len(file_rank))), info.offset
+    def base_source(sl: OutputSlice):
+        found = [s for s in sl.sources if s.model.same_model(config.base_model)] if uses_base else [None]
+        if not found:
+            raise ValueError(
+                f"merge_method {config.merge_method!r} merges task vectors: every slice must list base_model "
+                f"{config.base_model.spec!r} among its sources (with the layer range to subtract)"
+            )
+        return found[0]
 
-    return sorted(names, key=key)
+    def slice_refs(sl: OutputSlice):
+        srcs = [s for s in sl.sources if not (uses_base and s.model.same_model(config.base_model))]
+        if method.base == "endpoint" and config.base_model is not None:
+            srcs = sorted(srcs, key=lambda s: not s.model.same_model(config.base_model))
+        for s in srcs:
+            open_ref(s.model, s.model.spec)
+        return srcs
+
+    first, last = slice_refs(config.slices[0]), slice_refs(config.slices[-1])
+    ref0 = checkpoints[first[0].model.spec]
+    outside = [n for n in ref0.tensors if layer_index(n) is None]
+    for name in [n for n in outside if is_pre_layer(n)]:
+        outs.append(_Out(name, [s.model for s in first], [s.model.spec for s in first], [name] * len(first),
+                         config.slices[0], 0.0, name))  # fmt: skip
+    out_layer = 0
+    layer_types: list[Any] = []
+    for sl in config.slices:
+        srcs, base = slice_refs(sl), base_source(sl)
+        n = sl.n_layers
+        for offset in range(n):
+            names0 = _layer_tensors(checkpoints[srcs[0].model.spec], srcs[0].layer_range[0] + offset)
+            if not names0:
+                raise ValueError(
+                    f"model {srcs[0].model.spec!r} has no layer {srcs[0].layer_range[0] + offset} (slice layer_range "
+                    f"{list(srcs[0].layer_range)})"
+                )
+            for name0 in names0:
+                in_names = [with_layer(name0, s.layer_range[0] + offset) for s in srcs]
+                base_name = with_layer(name0, base.layer_range[0] + offset) if base is not None else None
+                outs.append(
+                    _Out(with_layer(name0, out_layer), [s.model for s in srcs], [s.model.spec for s in srcs],
+                         in_names, sl, layer_position(name0, offset, n), base_name)
+                )  # fmt: skip
+            types = (checkpoints[srcs[0].model.spec].config or {}).get("layer_types")
+            if isinstance(types, list):
+                layer_types.append(types[srcs[0].layer_range[0] + offset])
+            out_layer += 1
+    for name in [n for n in outside if not is_pre_layer(n)]:
+        if name not in checkpoints[last[0].model.spec].tensors:
+            continue
+        outs.append(_Out(name, [s.model for s in last], [s.model.spec for s in last], [name] * len(last),
+                         config.slices[-1], 0.0, name))  # fmt: skip
+    overrides: dict[str, Any] = {"num_hidden_layers": out_layer}
+    if layer_types and len(layer_types) == out_layer:
+        overrides["layer_types"] = layer_types
+    inputs = list(dict.fromkeys(label for o in outs for label in o.labels))
+    return first[0].model.spec, outs, inputs, overrides
 
 
-def plan_tiles(
-    info: TensorInfo, n_inputs: int, budget_bytes: int | str, *, fixed_overhead: int = 0
-) -> list[tuple[int, int]]:
-    """Row ranges `[(start, stop), ...]` covering `info`'s rows such that every tile fits the budget (§8.2 step 5):
-
-        fixed_overhead + n_inputs × rows × row_numel × COMPUTE_ITEMSIZE (4, fp32) × PIPELINE_FACTOR (2) ≤ budget
-
-    The tile count is the smallest possible and the rows are spread evenly (sizes differ by at most one), so
-    pipeline stages get similar work. A 0-d tensor is one row; a tensor with no elements is one empty-work tile
-    `[(0, n_rows)]` so the engine still visits it.
-
-    Args:
-        info: the tensor (reference model's `TensorInfo`).
-        n_inputs: N, the number of input tiles resident at once (models, plus the base when it is read too).
-        budget_bytes: memory budget in bytes (int, or a size string for `parse_size`).
-        fixed_overhead: bytes the engine reserves outside the tiles (accumulators, method temporaries).
-
-    Raises:
-        ValueError: if a single row does not fit, naming the tensor and the minimum budget that would work.
-    """
-    if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < 1:
-        raise ValueError(f"n_inputs must be a positive int, got {n_inputs!r}")
-    budget = parse_size(budget_bytes)
-    if fixed_overhead < 0:
-        raise ValueError(f"fixed_overhead must be >= 0, got {fixed_overhead!r}")
-    n_rows = info.n_rows
-    if info.numel == 0:
+def _chunk_rows(n_rows: int, row_numel: int, row_len: int, chunk_elems: int) -> list[tuple[int, int]]:
+    """Row ranges of at most `chunk_elems` elements (at least one logical row; a vector with a logical row of
+    `row_len = numel` is one chunk)."""
+    if n_rows == 0 or row_numel == 0:
         return [(0, n_rows)]
-    per_row = n_inputs * info.row_numel * COMPUTE_ITEMSIZE * PIPELINE_FACTOR
-    max_rows = (budget - fixed_overhead) // per_row if budget > fixed_overhead else 0
-    if max_rows < 1:
-        need = fixed_overhead + per_row
+    if row_len > row_numel:  # the whole tensor is one logical row
+        return [(0, n_rows)]
+    per = max(1, chunk_elems // row_numel)
+    return [(a, min(n_rows, a + per)) for a in range(0, n_rows, per)]
+
+
+def _apply_buffers(plan: MergePlan, plans: list[TensorPlan], checkpoints, budget: int, diagnose: bool) -> None:
+    """Size the ring, scratch, Gram staging and raw cache within `budget` and cut every tensor into chunks."""
+    merged = [t for t in plans if t.kind != "copy"]
+    n_max = max((t.n_inputs for t in merged), default=1)
+    in_bytes = max((sum(checkpoints[s.label].tensors[s.name].itemsize for s in t.sources) for t in plans), default=1)
+    out_bytes = max((DTYPE_ITEMSIZE[t.out_dtype] for t in plans), default=1)
+    min_elems = max(
+        ((t.row_len if (t.row_local and t.row_len > t.row_numel) else t.row_numel) for t in plans if t.numel),
+        default=1,
+    )
+    gram = any(t.needs_gram for t in merged)
+    piece_rows = 3 + n_max  # acc, scratch, base + the (N, piece) inputs of elementwise methods
+    diag = 8 * n_max + 8 if diagnose else 0
+    # row-local methods combine whole logical rows at a time
+    widest_row = max((t.row_len for t in merged if t.row_local and t.kind != "gram"), default=0)
+
+    def piece_of(e: int) -> int:
+        return max(min(PIECE_ELEMS, e), widest_row)
+
+    def total(e: int, block: int) -> tuple[int, int, int]:
+        piece = piece_of(e)
+        ring = RING_SLOTS * e * (in_bytes + out_bytes)
+        scratch = piece * 4 * piece_rows + e * (4 if diagnose else 0) + piece * diag
+        staging = n_max * block * 8 if gram else 0
+        return ring, scratch, staging
+
+    e, block = MAX_CHUNK_ELEMS, GRAM_BLOCK
+    if sum(total(e, block)) > budget:
+        # shrink the chunk (and the Gram block with it) to what the budget holds
+        per_elem = RING_SLOTS * (in_bytes + out_bytes) + 4 * piece_rows + (4 + diag if diagnose else 0)
+        per_elem += 8 * n_max if gram else 0
+        e = block = budget // per_elem
+    e = max(e, 0)
+    if e < min_elems:
+        need = sum(total(min_elems, min_elems))
+        widest = max((t for t in plans if t.numel), key=lambda t: t.row_len if t.row_local else t.row_numel)
         raise ValueError(
-            f"memory budget {budget} bytes is too small for tensor {info.name!r} (shape {list(info.shape)}): one row "
-            f"of {n_inputs} input(s) needs {per_row} bytes ({n_inputs} × {info.row_numel} elements × "
-            f"{COMPUTE_ITEMSIZE} bytes fp32 × pipeline factor {PIPELINE_FACTOR})"
-            + (f" plus {fixed_overhead} bytes of fixed overhead" if fixed_overhead else "")
-            + f"; use a budget of at least {need} bytes ({need / 2**20:.1f} MiB)"
+            f"memory budget {budget} bytes is too small for tensor {widest.name!r} (shape {list(widest.shape)}): one "
+            f"chunk of {min_elems} elements needs {need} bytes with its ring, scratch and Gram buffers; use "
+            f"memory_budget of at least {need} bytes ({need / 2**20:.2f} MiB)"
         )
-    n_tiles = math.ceil(n_rows / max_rows)
-    bounds = [i * n_rows // n_tiles for i in range(n_tiles + 1)]
-    return list(itertools.pairwise(bounds))
+    block = min(block, GRAM_BLOCK)
+    ring, scratch, staging = total(e, block)
+    left = min(budget, RESIDENT_CAP) - ring - scratch - staging
+    plan.chunk_elems, plan.piece_elems = e, piece_of(e)
+    plan.gram_block = block
+    plan.ring_bytes, plan.scratch_bytes, plan.staging_bytes = ring, scratch, staging
+    plan.slot_in_bytes, plan.slot_out_bytes = e * in_bytes, e * out_bytes
+    plan.max_inputs = n_max
+    cacheable = [t for t in plans if t.passes]
+    cache = max(0, left)
+    biggest = 0
+    for t in plans:
+        src_bytes = sum(checkpoints[s.label].tensors[s.name].nbytes for s in t.sources)
+        t.source_bytes = src_bytes
+        t.chunks = _chunk_rows(checkpoints[t.sources[0].label].tensors[t.sources[0].name].n_rows, t.row_numel,
+                               t.row_len if t.row_local else t.row_numel, e)  # fmt: skip
+        t.write_bytes = t.numel * DTYPE_ITEMSIZE[t.out_dtype]
+        t.cached = bool(t.passes) and len(t.chunks) > 0 and src_bytes <= cache
+        if t.cached:
+            biggest = max(biggest, src_bytes)
+        t.read_bytes = src_bytes if (t.cached or not t.passes) else src_bytes * (1 + len(t.passes))
+        if t.numel == 0:
+            t.read_bytes = 0
+    plan.cache_bytes = biggest if cacheable else 0

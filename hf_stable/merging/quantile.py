@@ -1,4 +1,4 @@
-"""Exact k-th largest |x| over a tensor streamed in chunks (magnitude thresholds for TIES, spec §8.2).
+"""Exact k-th largest |x| over a tensor streamed in chunks (the magnitude thresholds of TIES and breadcrumbs).
 
 For non-negative IEEE floats the order of the values equals the order of their bit patterns read as integers. So
 the k-th largest |x| (as float32) is found by radix selection on the 31 value bits:
@@ -69,6 +69,61 @@ def kth_largest_abs(chunks: Callable[[], Iterable[torch.Tensor]], k: int) -> flo
     low, _ = _select(hist, k - above)
     pattern = torch.tensor([(high << 16) | low], dtype=torch.int32)
     return float(pattern.view(torch.float32)[0])
+
+
+class RadixSelect:
+    """The k-th largest values (several ranks at once) of non-negative finite float32 scores streamed twice
+    (for |x|, pass `x.abs()`).
+
+    Usage: `add_high(chunk)` for every chunk, `finish_high()`, `add_low(chunk)` for every chunk (same chunks, any
+    chunking), `result()` → one float per rank (`inf` for k ≤ 0). Same values as `kth_largest_abs`. The caller
+    guarantees finite scores (the engine checks its inputs first); bins are counted with int32 arithmetic only.
+    """
+
+    def __init__(self, ks):
+        self.ks = [int(k) for k in ks]
+        self.hist = torch.zeros(_HIGH_BINS, dtype=torch.int64)
+        self.total = 0
+        self.high: dict[int, tuple[int, int]] = {}
+        self.low: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def _bits(scores: torch.Tensor) -> torch.Tensor:
+        """int32 bit patterns of non-negative float32 scores (their order is the order of the values)."""
+        return scores.detach().reshape(-1).to(torch.float32).view(torch.int32)
+
+    def add_high(self, scores: torch.Tensor) -> None:
+        bits = self._bits(scores)
+        self.total += bits.numel()
+        self.hist += torch.bincount(bits >> 16, minlength=_HIGH_BINS)
+
+    def finish_high(self) -> None:
+        for k in self.ks:
+            if k > self.total:
+                raise ValueError(f"kth_largest_abs: k={k} exceeds the number of elements ({self.total}).")
+            if k > 0:
+                self.high[k] = _select(self.hist, k)
+        self.low = {b: torch.zeros(_LOW_BINS, dtype=torch.int64) for b, _ in self.high.values()}
+
+    def add_low(self, scores: torch.Tensor) -> None:
+        bits = self._bits(scores)
+        for b, hist in self.low.items():
+            # low 16 bits of the entries in high bin b, shifted by one; every other entry lands in bin 0 or
+            # _LOW_BINS + 1 (dropped): one bincount, no boolean indexing
+            idx = (bits - ((b << 16) - 1)).clamp_(0, _LOW_BINS + 1)
+            hist += torch.bincount(idx, minlength=_LOW_BINS + 2)[1 : _LOW_BINS + 1]
+
+    def result(self) -> list[float]:
+        out = []
+        for k in self.ks:
+            if k <= 0:
+                out.append(float("inf"))
+                continue
+            high, above = self.high[k]
+            low, _ = _select(self.low[high], k - above)
+            pattern = torch.tensor([(high << 16) | low], dtype=torch.int32)
+            out.append(float(pattern.view(torch.float32)[0]))
+        return out
 
 
 def kth_largest_abs_tensor(x: torch.Tensor, k: int) -> float:

@@ -1,8 +1,9 @@
 """In-memory reference merges: whole tensors resident (tests, callbacks, experiments).
 
 `merge_tensors` applies one registered method to one tensor exactly as the streaming engine does, but in one
-piece: the Gram is `V Vᵀ` in float64 over the whole tensor, magnitude thresholds come from `torch.topk`, and the
-combine runs on the whole flat tensor (`offset = 0`). Elementwise maths is float32, reductions float64 (spec §2).
+piece: the Gram is `V Vᵀ` in float64 over the whole tensor, the k-th largest scores come from `torch.kthvalue`,
+method sums are gathered over the whole tensor, and the combine runs on the whole flat tensor (`offset = 0`).
+Elementwise maths is float32, reductions float64.
 `merge_state_dicts` does that for every floating-point tensor of N state dicts; other tensors are copied from the
 base (or the first model).
 """
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from hf_stable.merging.gram import gram as gram_of
-from hf_stable.merging.methods import MergeMethod, apply_coefficients, get_merge_method, keep_count
+from hf_stable.merging.methods import MergeMethod, apply_coefficients, get_merge_method
 from hf_stable.merging.quantile import kth_largest_abs_tensor
 
 
@@ -27,6 +28,8 @@ def merge_vectors(
     *,
     tensor_name: str = "t",
     seed: int = 0,
+    base: torch.Tensor | None = None,
+    shape: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Merged vector in the method's space.
 
@@ -35,25 +38,35 @@ def merge_vectors(
         v: `(N, n)` float32 inputs in `space` (full weights or task vectors).
         weights: `(N,)` per-model weights.
         params: resolved parameters.
+        base: `(n,)` float32 base (task-vector methods), passed to elementwise methods.
+        shape: the tensor's shape (row-local methods; default a vector).
 
     Returns:
         `(n,)` float32 (the base is NOT added).
     """
     v = v.float()
     n_models, numel = v.shape
-    if method.kind == "gram":
+    if method.kind_for(params) == "gram":
         g = gram_of(v) if method.needs_gram(params) else None
         c = method.coefficients(g, weights.to(torch.float64), params)
         return apply_coefficients(v, c)
-    dens = method.densities(params, n_models)
+    shape = tuple(shape) if shape is not None else (numel,)
+    row_len = numel if len(shape) <= 1 else numel // shape[0]
+    kw = {"tensor_name": tensor_name, "offset": 0, "seed": seed, "base": base, "row_len": row_len, "shape": shape}
     thresholds = None
-    if dens is not None:
-        thresholds = torch.tensor(
-            [kth_largest_abs_tensor(v[i], keep_count(d, numel)) for i, d in enumerate(dens)], dtype=torch.float32
-        )
-    return method.combine(
-        v, weights.to(torch.float32), params, thresholds=thresholds, tensor_name=tensor_name, offset=0, seed=seed
-    )
+    ranks = method.ranks(params, n_models, numel)
+    if ranks is not None:
+        scores = method.score(v, base=base, row_len=row_len)
+        rows = [None if r is None else [kth_largest_abs_tensor(scores[i], k) for k in r] for i, r in enumerate(ranks)]
+        k = max(len(r) for r in rows if r is not None)
+        thr = torch.tensor([r if r is not None else [float("nan")] * k for r in rows], dtype=torch.float32)
+        thresholds = thr[:, 0] if k == 1 else thr
+    w32 = weights.to(torch.float32)
+    sums = None
+    if method.needs_sums(params):
+        sums = method.new_sums(n_models)
+        method.accumulate(sums, v, w32, params, thresholds=thresholds, **kw)
+    return method.combine(v, w32, params, thresholds=thresholds, sums=sums, **kw)
 
 
 def merge_tensors(
@@ -92,6 +105,8 @@ def merge_tensors(
     has_base = base is not None
     p = method.resolve(params)
     method.validate(p, n_models, has_base)
+    if weights is not None:
+        method.validate_weights(list(torch.as_tensor(weights).reshape(-1).tolist()), p)
     w = torch.ones(n_models, dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
     if w.numel() != n_models:
         raise ValueError(f"weights has {w.numel()} entries for {n_models} models.")
@@ -104,7 +119,7 @@ def merge_tensors(
             raise ValueError(f"tensor {tensor_name!r}: base has shape {tuple(base.shape)}, expected {tuple(shape)}.")
         b = base.detach().reshape(-1).float()
         x = x - b
-    out = merge_vectors(method, x, w, p, tensor_name=tensor_name, seed=seed)
+    out = merge_vectors(method, x, w, p, tensor_name=tensor_name, seed=seed, base=b, shape=tuple(shape))
     if b is not None:
         out = out + b
     return out.reshape(shape).to(out_dtype or tensors[0].dtype)

@@ -2,7 +2,7 @@
 
 `uniform(seed, model_index, tensor_name, start, n)` returns the uniforms of elements `start … start+n−1` of a
 tensor. Any split of the tensor into tiles gives bitwise the same numbers, so the streaming engine reproduces the
-in-memory merge exactly and a merge is reproducible from its seed (spec `merging.md` §8.2 E-class plan).
+in-memory merge exactly and a merge is reproducible from its seed.
 
 Construction: every 32-bit word of the key (seed lo/hi, model index, CRC-32 of the tensor name, element index
 lo/hi) is folded in with Chris Wellons' `lowbias32` integer hash (an avalanche mixer in the family of MurmurHash3's

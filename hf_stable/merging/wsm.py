@@ -1,4 +1,4 @@
-"""WSM — Warmup-Stable and Merge (arXiv 2507.17634; spec `merging.md` §4.1–4.2): a decay schedule emulated by a
+"""WSM — Warmup-Stable and Merge (arXiv 2507.17634; docs/merging.md, "WSM"): a decay schedule emulated by a
 weighted average of checkpoints taken at a constant learning rate.
 
 Checkpoints `θ^(0..k)` are taken every `s` optimiser steps (oldest first) and `Δ_i = θ^(i) − θ^(i−1)`. For merge
@@ -48,7 +48,7 @@ _ALIASES = {
     "uniform": "uniform",
     "mean": "uniform",
 }
-_INTERVAL_MEAN_POINTS = 64  # spec §4.2: "integrate numerically with 64 points per interval" (midpoint rule)
+_INTERVAL_MEAN_POINTS = 64  # 64 midpoint-rule points per interval
 _MONOTONE_GRID = 1024  # points at which a user curve is checked to be non-increasing and within [0, 1]
 _TOL = 1e-12
 
@@ -95,7 +95,7 @@ def _float_arg(schedule: str, args: list[str], index: int, default: float | None
 
 
 def decay_curve(schedule: Schedule) -> Callable[[float], float]:
-    """The relative-LR curve `f(τ)`, `τ ∈ [0, 1]`, of a curve schedule (spec §4.2 table).
+    """The relative-LR curve `f(τ)`, `τ ∈ [0, 1]`, of a curve schedule (the table in docs/merging.md, "WSM").
 
     `linear` 1−τ; `cosine` ½(1+cos πτ); `1-sqrt` 1−√τ; `inv_sqrt:a` 1/√(1+aτ) (default a = 8, never reaches 0);
     `exp:β` e^{−βτ}; `wsd:r:shape` 1 for τ < 1−r, else shape((τ−(1−r))/r) (default shape `1-sqrt`). A callable is
@@ -188,7 +188,8 @@ def _sample(f: Callable[[float], float], k: int, quadrature: str) -> list[float]
 def wsm_weights(
     schedule: Schedule, k: int, quadrature: str = "mid", floor: float = 0.0
 ) -> tuple[list[float], list[float]]:
-    """Merge weights of WSM for `k` intervals (k+1 checkpoints), spec §4.2.
+    """Merge weights of WSM for `k` intervals (k+1 checkpoints): w_i sampled from the curve, c from w
+    (WSM, arXiv 2507.17634, Thm. 3.1).
 
     Args:
         schedule: a curve name (see [`decay_curve`]), `"ema:a"` (`c_j = (1−a) a^{k−j}` for j ≥ 1, `c_0 = a^k`),
@@ -227,7 +228,7 @@ def wsm_weights(
 def merge_window(
     base: Mapping[str, torch.Tensor], deltas: Sequence[Mapping[str, torch.Tensor]], w: Sequence[float]
 ) -> dict[str, torch.Tensor]:
-    """`θ = B + Σ_i w_i Δ_i` per tensor, accumulated in fp32 one delta at a time (spec §4.3 "Merge").
+    """`θ = B + Σ_i w_i Δ_i` per tensor, accumulated in fp32 one delta at a time.
 
     Args:
         base: window base `B` (name → tensor, any float dtype; upcast to fp32).

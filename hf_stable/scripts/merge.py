@@ -12,9 +12,10 @@ hf-stable merge recipe.yaml ./merged --memory-budget 8GB --push-to-hub me/merged
 
 Order of work: the recipe, the flags, the probe file and (with `--push-to-hub`) the presence of a Hub token are
 checked first, so mistakes fail in seconds rather than after the merge. Then `hf_stable.merging.merge` writes the
-model into `OUT.tmp/` and renames it to `OUT`; then `merge_diagnostics.json` (with `--diagnose`) and `README.md` are
-written into the finished folder (each atomically), and the folder is pushed (main process only). The token is never
-taken on the command line: `huggingface_hub` reads `HF_TOKEN` or the saved login.
+model, `merge_diagnostics.json` (with `--diagnose`) and `README.md` into `OUT.tmp/` and renames it to `OUT`; then the
+folder is pushed (main process only). A full disk, Ctrl-C (exit 130) or any other failure is reported in one line and
+leaves nothing published. The token is never taken on the command line: `huggingface_hub` reads `HF_TOKEN` or the
+saved login.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--memory-budget",
         default=None,
-        help="Bound on resident tile memory, e.g. 2GB, 512MiB (default: the recipe's memory_budget, else 2GB).",
+        help="Ceiling on the engine's buffers, e.g. 2GB, 512MiB (default: the recipe's memory_budget, else 2GB).",
     )
     parser.add_argument("--push-to-hub", metavar="REPO", default=None, help="Push the result to this Hub repo.")
     parser.add_argument("--private", action="store_true", help="Create the Hub repository private.")
@@ -67,7 +68,7 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-pickle", action="store_true", help="Accept pytorch_model.bin inputs (loaded with weights_only)."
     )
-    parser.add_argument("--overwrite", action="store_true", help="Replace OUT if it exists.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace the folder OUT if it exists (never a file).")
     parser.add_argument("--seed", type=int, default=None, help="Seed of random methods (DARE); overrides the recipe.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
     return parser
@@ -77,7 +78,8 @@ def _read_recipe(path: str, seed: int | None):
     """A `MergeConfig`, or the plain dict of a data-driven recipe (`fw_merging`)."""
     import yaml
 
-    from hf_stable.merging.config import DATA_DRIVEN_METHODS, MergeConfig
+    from hf_stable.merging.config import MergeConfig
+    from hf_stable.merging.methods import MERGE_METHODS, get_merge_method
 
     if not os.path.isfile(path):
         raise MergeCLIError(f"recipe {path!r} does not exist")
@@ -89,7 +91,8 @@ def _read_recipe(path: str, seed: int | None):
         raise MergeCLIError(f"recipe {path} must be a YAML mapping with merge_method and models")
     if seed is not None:
         data["seed"] = seed
-    if data.get("merge_method") in DATA_DRIVEN_METHODS:
+    method = data.get("merge_method")
+    if isinstance(method, str) and method in MERGE_METHODS and get_merge_method(method).data_driven:
         return data
     config = MergeConfig.from_dict(data)
     config.validate()  # unknown method / parameters / missing base fail here, before anything is read
@@ -181,7 +184,6 @@ def _diagnose(args, result, recipe, out: Path) -> dict:
 
 def run(args) -> int:
     from hf_stable.distributed import is_main_process
-    from hf_stable.merging.card import merge_model_card, write_merge_card
     from hf_stable.merging.engine import merge
 
     if not is_main_process():  # a merge is a single-process job: other ranks of a launcher do nothing
@@ -189,8 +191,22 @@ def run(args) -> int:
     recipe = _read_recipe(args.recipe, args.seed)
     start = time.perf_counter()
     # Data-driven recipes (fw_merging, a plain dict) have no streaming pass to collect per-tensor statistics from:
-    # only the data-based diagnostics (--probe-data) apply to them, run below on the finished folder.
+    # only the data-based diagnostics (--probe-data) apply to them.
     data_driven = isinstance(recipe, dict)
+    failures: list[str] = []
+
+    def diagnose(folder: Path, result) -> dict | None:
+        """Runs on the complete `OUT.tmp` before the card is written and the folder published."""
+        if not args.diagnose:
+            return None
+        try:
+            return _diagnose(args, result, recipe, folder)
+        except Exception as err:  # the merge itself is done: keep it, write its card, report the failure
+            if os.environ.get("HF_STABLE_DEBUG"):
+                raise
+            failures.append(f"diagnostics failed ({type(err).__name__}: {err})")
+            return None
+
     result = merge(
         recipe,
         args.out,
@@ -200,6 +216,8 @@ def run(args) -> int:
         progress=not args.no_progress,
         allow_pickle=True if args.allow_pickle else None,
         overwrite=args.overwrite,
+        hub_model_id=args.push_to_hub,
+        before_publish=diagnose,
     )
     if args.dry_run:
         plan = getattr(result, "plan", None)
@@ -212,19 +230,8 @@ def run(args) -> int:
     written = getattr(result, "bytes_written", None)
     size = f", {_size(written)} written" if written else ""
     print(f"merged into {out} in {elapsed:.1f} s{size}")
-
-    summary, failure = None, None
-    if args.diagnose:
-        try:
-            summary = _diagnose(args, result, recipe, out)
-        except Exception as err:  # the merge itself is done: keep it, write its card, report the failure
-            if os.environ.get("HF_STABLE_DEBUG"):
-                raise
-            failure = f"diagnostics failed ({type(err).__name__}: {err})"
-    card = merge_model_card(recipe, result, summary, hub_model_id=args.push_to_hub)
-    write_merge_card(out, card)
-    if failure is not None:
-        raise MergeCLIError(f"{failure}; the merged model and its card are complete in {out} (not pushed)")
+    if failures:
+        raise MergeCLIError(f"{failures[0]}; the merged model and its card are complete in {out} (not pushed)")
     if args.push_to_hub:
         from hf_stable.merging.hub import push_merged
 
@@ -246,10 +253,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         _check_args(args, parser)
         return run(args)
-    except (MergeCLIError, ValueError, FileNotFoundError, FileExistsError) as err:
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; nothing was published ({args.out}.tmp removed)", file=sys.stderr)
+        return 130
+    except (MergeCLIError, ValueError, OSError) as err:  # OSError: a full disk, a missing file, OUT exists
         if os.environ.get("HF_STABLE_DEBUG"):  # the full traceback, for bug reports
             raise
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        message = str(err).strip() or type(err).__name__
+        if isinstance(err, OSError) and not isinstance(err, (FileNotFoundError, FileExistsError)):
+            message = f"{message.splitlines()[0]} ({type(err).__name__}; nothing was published)"
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
         return 1
 
 

@@ -1,11 +1,11 @@
 """MergeOnTrainEndCallback (in memory and through the engine) and PushMergedToHubCallback on a tiny training run;
-the Hub is intercepted at `HfApi` (spec merging.md §0.6)."""
+the Hub is intercepted at `HfApi` (no network)."""
 
 import os
 
 import pytest
 import torch
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 from wsm_helpers import make_trainer, tiny_model
@@ -60,6 +60,12 @@ def test_linear_with_pool(tmp_path, pool, mode):
     model = AutoModelForCausalLM.from_pretrained(str(out))
     assert model.config.hidden_size == 16
     assert not (tmp_path / "merge-final-weights").exists()
+    # the card of `hf-stable merge`, with local parents named by folder only
+    card = ModelCard.load(out / "README.md")
+    assert card.data.tags == ["hf_stable", "merge", "linear"] and card.data.base_model_relation == "merge"
+    assert card.data.base_model is None  # Hub ids only; every parent here is a local folder
+    text = (out / "README.md").read_text()
+    assert str(tmp_path) not in text and os.path.dirname(pool[0]) not in text
 
 
 def test_task_arithmetic_from_initial(tmp_path, pool):

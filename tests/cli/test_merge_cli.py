@@ -45,7 +45,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(workspace, tmp_path, capsys)
     out = tmp_path / "merged"
     assert cli_main(["merge", str(recipe), str(out), "--dry-run", "--memory-budget", "1MB"]) == 0
     printed = capsys.readouterr().out
-    assert "merge_method: linear" in printed and TENSOR in printed and "tiles=" in printed
+    assert "merge_method: linear" in printed and TENSOR in printed and "chunks=" in printed
     assert "dry run: nothing was written" in printed
     assert os.listdir(tmp_path) == []
 
@@ -75,7 +75,8 @@ def test_merge_with_diagnostics_writes_card_and_json(workspace, tmp_path, capsys
     assert len(activations["per_layer"]) == 2  # embeddings + one block
 
     card = ModelCard.load(out / "README.md")
-    assert card.data.base_model == ["expert-a", "expert-b"]  # local parents by folder name
+    assert card.data.base_model is None  # base_model lists Hub ids only; these parents are local folders
+    assert str(root) not in (out / "README.md").read_text() + (out / "hf_stable_merge.yaml").read_text()
     assert card.data.base_model_relation == "merge" and card.data.tags == ["hf_stable", "merge", "linear"]
     assert "norm ratio ρ, min" in card.text and "effective-rank ratio, min" in card.text
     printed = capsys.readouterr().out
@@ -167,3 +168,101 @@ def test_example_merge_recipes_validate(path):
     config = MergeConfig.from_yaml(path)
     config.validate()
     assert len(config.models) >= 2
+
+
+# ------------------------------------------------------------------------------------- push path and CLI edges
+
+
+def test_python_api_writes_the_card_inside_the_output(workspace, tmp_path):
+    """`merge(config, out)` alone leaves a complete folder: weights, recipe and README.md (written in OUT.tmp)."""
+    from hf_stable.merging import merge
+
+    _, recipe, _ = workspace
+    merge(recipe, tmp_path / "api", progress=False)
+    card = ModelCard.load(tmp_path / "api" / "README.md")
+    assert card.data.base_model_relation == "merge" and card.data.tags == ["hf_stable", "merge", "linear"]
+    assert not (tmp_path / "api.tmp").exists()
+
+
+@pytest.mark.parametrize("where", ["weights", "card"])
+def test_disk_full_is_one_line_and_nothing_is_published(workspace, tmp_path, monkeypatch, capsys, where):
+    import errno
+
+    import hf_stable.merging.engine as engine
+    import hf_stable.merging.io.writer as writer
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "weights":
+        monkeypatch.setattr(writer, "_pwrite_all", full)
+    else:
+        monkeypatch.setattr(engine, "write_merge_card", full)
+    _, recipe, _ = workspace
+    out = tmp_path / "merged"
+    assert main([str(recipe), str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "nothing was published" in err[0]
+    assert not out.exists() and not (tmp_path / "merged.tmp").exists()
+
+
+def test_sigint_exits_130_and_removes_the_temporary_folder(workspace, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, recipe, _ = workspace
+    out = tmp_path / "merged"
+    env = {**os.environ, "HF_STABLE_MERGE_TEST_SLEEP": "0.3", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hf_stable.scripts.merge", str(recipe), str(out), "--no-progress"]
+    proc = subprocess.Popen([*cmd, "--memory-budget", "4KB"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "merged.tmp" / "model.safetensors").exists() and time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    lines = [line for line in err.strip().splitlines() if "gemm_4bit" not in line]
+    assert len(lines) == 1 and "interrupted" in lines[0]
+    assert not out.exists() and not (tmp_path / "merged.tmp").exists()
+
+
+def test_mistyped_relative_path_names_the_model_and_the_hub_error(workspace, tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network in tests
+    root, _, _ = workspace
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(f"merge_method: linear\nmodels:\n  - model: typo/expert-a\n  - model: {root / 'expert-b'}\n")
+    assert main([str(bad), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "no such local folder 'typo/expert-a'" in err and "Hub lookup failed" in err
+    assert "LocalEntryNotFoundError" in err
+
+
+def test_overwrite_refuses_to_delete_a_file(workspace, tmp_path, capsys):
+    _, recipe, _ = workspace
+    out = tmp_path / "notes.txt"
+    out.write_text("precious")
+    assert main([str(recipe), str(out), "--overwrite", "--no-progress"]) == 1
+    assert "not a folder" in capsys.readouterr().err and out.read_text() == "precious"
+
+
+def test_slerp_extrapolation_needs_the_explicit_flag(workspace, tmp_path, capsys):
+    root, _, _ = workspace
+    recipe = tmp_path / "slerp.yaml"
+    recipe.write_text(
+        f"merge_method: slerp\nbase_model: {root / 'expert-a'}\nmodels:\n  - model: {root / 'expert-b'}\n"
+        "parameters: {t: 1.7}\n"
+    )
+    assert main([str(recipe), str(tmp_path / "out"), "--no-progress"]) == 1
+    assert "allow_extrapolation" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    recipe.write_text(recipe.read_text().replace("{t: 1.7}", "{t: 1.7, allow_extrapolation: true}"))
+    assert main([str(recipe), str(tmp_path / "out"), "--no-progress"]) == 0

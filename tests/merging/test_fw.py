@@ -429,7 +429,7 @@ parameters:
     with pytest.raises(ValueError, match="lmo"):
         fw_merge_from_config(recipe.replace("lmo: layer", "lmo: model"), tmp_path / "bad", progress=False)
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.tmp").exists()
-    # the engine dispatches `merge_method: fw_merging` here (spec §8 / contract (C))
+    # the engine dispatches `merge_method: fw_merging` to FW-Merging
     from hf_stable.merging.engine import merge
 
     via_engine = merge(recipe.replace("iters: 2", "iters: 1"), tmp_path / "engine_out", progress=False)

@@ -119,6 +119,20 @@ def test_push_refuses_a_folder_containing_the_token(tmp_path):
     assert api.calls == []
 
 
+def test_push_without_an_explicit_token_still_scans_with_the_saved_one(tmp_path, monkeypatch):
+    """The CLI and the callbacks pass token=None: the scan uses what huggingface_hub would send (HF_TOKEN here)."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    folder = _merged_folder(tmp_path / "merged")
+    (folder / "notes.json").write_text(json.dumps({"token": TOKEN}))
+    api = RecordingApi()
+    with pytest.raises(ValueError, match=r"notes\.json contains the Hub token"):
+        push_merged(folder, "me/merged", api=api)
+    assert api.calls == []
+    (folder / "notes.json").unlink()
+    push_merged(folder, "me/merged", api=api)
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+
+
 def test_push_checks_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a folder"):
         upload_files(tmp_path / "missing")

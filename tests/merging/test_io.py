@@ -1,4 +1,4 @@
-"""Tests of the merge engine's safetensors I/O (`hf_stable.merging.io.reader` / `.writer`, spec §8.3).
+"""Tests of the merge engine's safetensors I/O (`hf_stable.merging.io.reader` / `.writer`).
 
 Oracles are independent: `safetensors.safe_open` / `load_file` / `save_file` and transformers' `from_pretrained`.
 """

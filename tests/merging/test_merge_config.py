@@ -1,7 +1,7 @@
 """Merge recipes: mergekit YAML semantics (gradients, conditionals, precedence), hf_stable fields, early errors.
 
-Expected values are worked by hand from mergekit's documented behaviour (`mergekit/config.py::evaluate_setting`,
-`mergekit/plan.py::MergePlanner.plan_slice`: t = layer / (num_layers − 1)).
+Expected values are worked by hand from mergekit 0.1.5's behaviour (`mergekit/config.py::evaluate_setting`,
+`mergekit/plan.py::MergePlanner.plan_slice`: t = layer / (num_layers − 1); `plan_module`: t = 0 outside the layers).
 """
 
 from __future__ import annotations
@@ -45,14 +45,20 @@ def test_mergekit_ties_example_parses():
     assert cfg.input_models(uses_base=False)[0].spec == "org/base"
     cfg.validate()
     inputs = cfg.input_models(uses_base=True)
+
+    def params(name, i, layer):
+        t = layer_position(name, layer, 4)
+        return {**cfg.global_parameters(None, name, t), **cfg.own_parameters(inputs[i].parameters, name, t)}
+
     # layer 1 of 4 → t = 1/3: density [1, .7, .1] → scaled 2/3 → 1 − (2/3)(0.3) = 0.8; weight [0, .3, .7, 1] → 0.3
-    p0 = cfg.resolve_params("model.layers.1.mlp.up_proj.weight", 0, 1, 4, models=inputs)
-    p1 = cfg.resolve_params("model.layers.1.mlp.up_proj.weight", 1, 1, 4, models=inputs)
+    p0 = params("model.layers.1.mlp.up_proj.weight", 0, 1)
+    p1 = params("model.layers.1.mlp.up_proj.weight", 1, 1)
     assert p0["density"] == pytest.approx(0.8) and p0["weight"] == 1.0 and p0["normalize"] is True
     assert p1["density"] == 0.5 and p1["weight"] == pytest.approx(0.3)
-    # embeddings are "pre" weights (t = 0), the final norm a "post" weight (t = 1)
-    assert cfg.resolve_params("model.embed_tokens.weight", 1, None, 4, models=inputs)["weight"] == 0
-    assert cfg.resolve_params("model.norm.weight", 1, None, 4, models=inputs)["weight"] == 1
+    # every tensor outside the layers is at t = 0 (mergekit 0.1.5 plan_module): embeddings, final norm, lm_head
+    assert params("model.embed_tokens.weight", 1, None)["weight"] == 0
+    assert params("model.norm.weight", 1, None)["weight"] == 0
+    assert params("lm_head.weight", 0, None)["density"] == 1
 
 
 def test_evaluate_setting_gradients_and_conditionals():
@@ -76,10 +82,17 @@ def test_conditional_miss_falls_through_to_global():
             "parameters": {"weight": 0.5},
         }
     )
-    assert cfg.resolve_params("model.layers.0.mlp.w", 0, 0, 2)["weight"] == 3.0
-    assert cfg.resolve_params("model.layers.0.attn.w", 0, 0, 2)["weight"] == 0.5
-    assert cfg.resolve_params("model.layers.0.attn.w", 1, 0, 2)["weight"] == 0.5
-    assert cfg.resolve_params("model.layers.0.mlp.w", 0, 0, 2, own_only=True) == {"weight": 3.0}
+    from hf_stable.merging.methods import gather_params
+
+    def weights(name):
+        own = [cfg.own_parameters(m.parameters, name, 0.0) for m in cfg.models]
+        glob = cfg.global_parameters(None, name, 0.0)
+        return gather_params(glob, [{"weight": glob["weight"], **o} for o in own])[0]
+
+    assert weights("model.layers.0.mlp.w") == [3.0, 0.5]
+    assert weights("model.layers.0.attn.w") == [0.5, 0.5]  # the conditional misses: the global weight
+    assert cfg.own_parameters(cfg.models[0].parameters, "model.layers.0.mlp.w", 0.0) == {"weight": 3.0}
+    assert cfg.own_parameters(cfg.models[0].parameters, "model.layers.0.attn.w", 0.0) == {}
 
 
 def test_layer_helpers():
@@ -88,7 +101,8 @@ def test_layer_helpers():
     assert layer_index("model.norm.weight") is None
     assert layer_position("model.layers.1.w", 1, 4) == pytest.approx(1 / 3)
     assert layer_position("model.layers.0.w", 0, 1) == 1.0  # mergekit: t = 1 for a one-layer slice
-    assert layer_position("lm_head.weight", None, 4) == 1.0
+    assert layer_position("lm_head.weight", None, 4) == 0.0  # mergekit 0.1.5: t = 0 outside the layers
+    assert layer_position("model.norm.weight", None, 4) == 0.0
     assert layer_position("model.embed_tokens.weight", None, 4) == 0.0
 
 
@@ -129,7 +143,28 @@ def test_weights_field_and_round_trip(tmp_path):
             {"merge_method": "linear", "models": [{"model": "a", "parameters": {"weight": 1}}], "weights": [1]},
             "one of",
         ),
-        ({"merge_method": "linear", "slices": [{"sources": []}], "models": ["a"]}, "unsupported mergekit feature"),
+        ({"merge_method": "linear", "slices": [{"sources": []}], "models": ["a"]}, "exactly one of"),
+        ({"merge_method": "linear", "slices": [{"sources": []}]}, "at least one source"),
+        ({"merge_method": "linear", "slices": [{"sources": [{"model": "a"}]}]}, "layer_range"),
+        ({"merge_method": "linear", "slices": [{"sources": [{"model": "a", "layer_range": [2, 1]}]}]}, "layer_range"),
+        (
+            {
+                "merge_method": "linear",
+                "slices": [
+                    {"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 3]}]}
+                ],
+            },
+            "same number of layers",
+        ),
+        (
+            {
+                "merge_method": "linear",
+                "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}], "residual_weight": 0.5}],
+            },
+            "unsupported mergekit feature",
+        ),
+        ({"merge_method": "linear", "models": ["a"], "read_threads": 2}, "one I/O thread"),
+        ({"merge_method": "linear", "models": ["a"], "modules": {"x": {}}}, "unsupported mergekit feature"),
         ({"merge_method": "linear", "models": ["a"], "tokenizer_source": "union"}, "union is not supported"),
         ({"merge_method": "linear", "models": ["a"], "tokenizer": {"source": "union", "tokens": {}}}, "unsupported"),
         ({"merge_method": "linear", "models": ["a"], "chat_template": "chatml"}, "unsupported"),
@@ -183,6 +218,61 @@ def test_data_driven_recipe_keeps_its_own_fields():
     )
     assert cfg.is_data_driven and cfg.extra["objective"] == {"kind": "entropy"}
     assert cfg.to_dict()["pool"] == [{"model": "x"}]
+
+
+def test_empty_parameters_are_an_empty_mapping():
+    """mergekit accepts `parameters:` left empty (YAML null), globally and per model."""
+    cfg = MergeConfig.from_yaml(
+        "merge_method: linear\nmodels:\n  - model: a\n    parameters:\n  - model: b\nparameters:\n"
+    )
+    assert cfg.parameters == {} and cfg.models[0].parameters == {}
+    cfg.validate()
+
+
+def test_slices_whole_model_and_frankenmerge_forms():
+    whole = MergeConfig.from_dict(
+        {
+            "merge_method": "slerp",
+            "base_model": "a",
+            "slices": [{"sources": [{"model": "a", "layer_range": [0, 4]}, {"model": "b", "layer_range": [0, 4]}]}],
+            "parameters": {"t": [{"filter": "self_attn", "value": [0, 1]}, {"value": 0.5}]},
+        }
+    )
+    assert [m.model for m in whole.models] == ["a", "b"] and whole.slices[0].n_layers == 4
+    whole.validate()
+    again = MergeConfig.from_yaml(whole.to_yaml())
+    assert again.to_dict() == whole.to_dict()
+    franken = MergeConfig.from_dict(
+        {
+            "merge_method": "passthrough",
+            "slices": [
+                {"sources": [{"model": "a", "layer_range": [0, 3]}]},
+                {"sources": [{"model": "b", "layer_range": [1, 4]}]},
+            ],
+        }
+    )
+    assert [m.model for m in franken.models] == ["a", "b"]
+    franken.validate()
+    with pytest.raises(ValueError, match="exactly 1 input model"):
+        MergeConfig.from_dict(
+            {
+                "merge_method": "passthrough",
+                "slices": [
+                    {"sources": [{"model": "a", "layer_range": [0, 3]}, {"model": "b", "layer_range": [0, 3]}]}
+                ],
+            }
+        ).validate()
+
+
+def test_redacted_recipe_names_local_inputs_by_folder(tmp_path):
+    local = tmp_path / "runs" / "expert-b"
+    local.mkdir(parents=True)
+    cfg = MergeConfig.from_dict(
+        {"merge_method": "linear", "models": ["org/a@v1", str(local)], "tokenizer_source": str(local)}
+    )
+    red = cfg.to_dict(redact=True)
+    assert [m["model"] for m in red["models"]] == ["org/a@v1", "expert-b"] and red["tokenizer_source"] == "expert-b"
+    assert str(tmp_path) not in cfg.to_yaml(redact=True)
 
 
 def test_import_is_torch_free():

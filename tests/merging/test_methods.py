@@ -78,10 +78,14 @@ def test_validate_errors(name, params, n, has_base, match):
         get_merge_method(name).validate(params, n, has_base)
 
 
-def test_validate_accepts_defaults_and_passthrough():
+def test_validate_accepts_defaults_and_int8_mask_only_where_mergekit_declares_it():
     for name in ALL:
         n = 2 if name == "slerp" else 3
-        get_merge_method(name).validate({"int8_mask": True}, n, True)
+        get_merge_method(name).validate({}, n, True)
+    for name in ("ties", "dare_linear", "dare_ties"):  # mergekit's GTA methods declare int8_mask (a memory option)
+        get_merge_method(name).validate({"int8_mask": True}, 3, True)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        get_merge_method("linear").validate({"int8_mask": True}, 3, True)
 
 
 def test_gather_params():
@@ -168,7 +172,8 @@ def test_fisher_rao_methods_and_alias():
 
     expected = karcher_direct(x, a)
     for name in ("fisher_rao", "karcher"):
-        got = merge_tensors(name, xs, weights=w)
+        params = {"max_iter": 50, "tol": 1e-7}  # karcher's defaults are mergekit's (10, 1e-5)
+        got = merge_tensors(name, xs, weights=w, params=params)
         assert torch.allclose(got.reshape(-1).double(), expected, atol=1e-5)
     # task-vector space: base + Karcher mean of the task vectors
     tv = x - base.reshape(-1).double()
@@ -287,12 +292,13 @@ def test_dare_matches_peft_formula_on_our_mask():
     sign = merge_utils.calculate_majority_sign_mask(stacked, method="total")
     ties = merge_utils.disjoint_merge(stacked * ones[:, None], sign)
     kw = {"base": base, "tensor_name": name, "seed": seed}
-    got = merge_tensors("dare_linear", xs, params={"density": dens}, **kw) - base
+    paper = {"density": dens, "rescale_norm": "inverse_density"}
+    got = merge_tensors("dare_linear", xs, params=paper, **kw) - base
     assert torch.allclose(got.reshape(-1), lin, atol=1e-5)
-    got = merge_tensors("dare_ties", xs, params={"density": dens, "normalize": True}, **kw) - base
+    got = merge_tensors("dare_ties", xs, params={**paper, "normalize": True}, **kw) - base
     assert torch.allclose(got.reshape(-1), ties, atol=1e-5)
-    # mergekit default for dare_ties: no division (normalize false), rescale by 1/density
-    got = merge_tensors("dare_ties", xs, params={"density": dens}, **kw) - base
+    # the paper's rescale, no division (normalize false)
+    got = merge_tensors("dare_ties", xs, params={"density": dens, "rescale_norm": "inverse_density"}, **kw) - base
     assert torch.allclose(got.reshape(-1), (stacked * sign).sum(0), atol=1e-5)
 
 
@@ -320,8 +326,13 @@ def test_combine_is_tiling_invariant(name, cuts, seed, normalize):
             [float(torch.topk(v[i].abs(), keep_count(d, 500)).values[-1]) for i, d in enumerate([0.4, 0.7, 0.5])]
         )
     kw = {"thresholds": thr, "tensor_name": "w", "seed": seed}
-    whole = m.combine(v, w, params, offset=0, **kw)
-    tiles = torch.cat([m.combine(v[:, a:b], w, params, offset=a, **kw) for a, b in _split(500, cuts)])
+    sums = None
+    if m.needs_sums(params):  # DARE's L1 rescale: whole-tensor norms gathered chunk by chunk, then the combine
+        sums = m.new_sums(3)
+        for a, b in _split(500, cuts):
+            m.accumulate(sums, v[:, a:b], w, params, offset=a, **kw)
+    whole = m.combine(v, w, params, offset=0, sums=sums, **kw)
+    tiles = torch.cat([m.combine(v[:, a:b], w, params, offset=a, sums=sums, **kw) for a, b in _split(500, cuts)])
     assert torch.equal(whole, tiles)
 
 
@@ -356,9 +367,11 @@ def test_rng_keep_rate_and_independence_of_keys():
 
 
 def test_dare_expected_value_is_preserved():
+    """The paper's rescale (`rescale_norm: inverse_density`): kept entries / density, so E[out] = τ."""
     v = torch.full((1, 100_000), 2.0)
     m = get_merge_method("dare_linear")
-    out = m.combine(v, torch.ones(1), m.resolve({"density": 0.25}), thresholds=None, tensor_name="x", offset=0, seed=3)
+    params = m.resolve({"density": 0.25, "rescale_norm": "inverse_density"})
+    out = m.combine(v, torch.ones(1), params, thresholds=None, tensor_name="x", offset=0, seed=3)
     kept = out != 0
     assert torch.all(out[kept] == 8.0)
     assert abs(float(out.mean()) - 2.0) < 0.05
@@ -368,7 +381,7 @@ def test_unbuilt_options_are_refused_not_ignored():
     """`granularity` other than per-tensor and a task-vector SLERP are not implemented: they must fail loudly."""
     from hf_stable.merging.methods import get_merge_method
 
-    with pytest.raises(ValueError, match="granularity='global'"):
+    with pytest.raises(ValueError, match="`granularity`='global'"):
         get_merge_method("fisher_rao").validate({"granularity": "global"}, 2, False)
     get_merge_method("fisher_rao").validate({"granularity": "tensor"}, 2, False)
     with pytest.raises(ValueError, match="space"):

@@ -9,7 +9,7 @@ import torch
 from hf_stable.merging.wsm import c_to_w, decay_curve, merge_snapshots, merge_window, w_to_c, wsm_weights
 
 
-# spec §4.2 "Worked weights, k = 8", rows c_0..c_8 (3 decimals)
+# docs/merging.md, WSM weights for k = 8, rows c_0..c_8 (3 decimals)
 TABLE = {
     ("linear", "left"): [0, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125],
     ("linear", "mid"): [0.062, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.062],

@@ -21,30 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dtypes import DTYPE_ITEMSIZE
 
-# Bytes per element for every byte-aligned safetensors dtype that torch can hold. Sub-byte dtypes (F4, F6_*) are
-# refused: a row of them need not start on a byte boundary, and torch has no general dtype for them.
-DTYPE_ITEMSIZE: dict[str, int] = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "F8_E4M3": 1,
-    "F8_E4M3FNUZ": 1,
-    "F8_E5M2": 1,
-    "F8_E5M2FNUZ": 1,
-    "F8_E8M0": 1,
-    "C64": 8,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U64": 8,
-    "U32": 4,
-    "U16": 2,
-    "U8": 1,
-    "BOOL": 1,
-}
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -247,10 +225,6 @@ class ModelCheckpoint:
     in_memory: bool = False
 
     @property
-    def has_config(self) -> bool:
-        return self.config is not None
-
-    @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
 
@@ -369,9 +343,9 @@ def _load_pickle_tensors(files: list[Path]) -> dict[str, TensorInfo]:
     """
     import torch
 
-    from .reader import TORCH_DTYPES
+    from .dtypes import torch_dtypes
 
-    to_safetensors = {v: k for k, v in TORCH_DTYPES.items()}
+    to_safetensors = {v: k for k, v in torch_dtypes().items()}
     tensors: dict[str, TensorInfo] = {}
     for file in files:
         state = torch.load(file, map_location="cpu", weights_only=True)

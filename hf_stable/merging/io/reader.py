@@ -1,4 +1,4 @@
-"""Read row ranges of safetensors tensors with `pread`, without mmap (spec `merging.md` §8.3, "Reader").
+"""Read row ranges of safetensors tensors with `pread`, without mmap.
 
 Why not `safetensors.safe_open` (mmap)? Pages touched through an mmap count towards the process RSS (as
 `RssFile`) and stay mapped until the file is closed, so a merge of N large checkpoints looks like it holds all of
@@ -11,7 +11,7 @@ zero-fill pass, unlike `bytearray`) that is reinterpreted in place with `Tensor.
 dtype, bf16 and fp8 included (numpy has no bf16, so `np.frombuffer` would not do).
 
 The reader is thread-safe: `pread` has no shared file position, and the fd cache and counters take a lock. The
-engine owns the thread pool (§8.4); this class only reads.
+engine owns the I/O thread; this class only reads.
 """
 
 from __future__ import annotations
@@ -22,54 +22,19 @@ import threading
 
 import torch
 
-from .header import DTYPE_ITEMSIZE, ModelCheckpoint, TensorInfo
+from .dtypes import torch_dtype, torch_dtypes
+from .header import ModelCheckpoint, TensorInfo
 
 
-def _torch_dtypes() -> dict[str, torch.dtype]:
-    """safetensors dtype string → torch dtype, for the dtypes this torch build has (each torch dtype once)."""
-    names = {
-        "F64": "float64",
-        "F32": "float32",
-        "F16": "float16",
-        "BF16": "bfloat16",
-        "F8_E4M3": "float8_e4m3fn",  # safetensors' F8_E4M3 is the "fn" variant (no inf), as in safetensors.torch
-        "F8_E4M3FNUZ": "float8_e4m3fnuz",
-        "F8_E5M2": "float8_e5m2",
-        "F8_E5M2FNUZ": "float8_e5m2fnuz",
-        "F8_E8M0": "float8_e8m0fnu",
-        "C64": "complex64",
-        "I64": "int64",
-        "I32": "int32",
-        "I16": "int16",
-        "I8": "int8",
-        "U64": "uint64",
-        "U32": "uint32",
-        "U16": "uint16",
-        "U8": "uint8",
-        "BOOL": "bool",
-    }
-    return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v) and k in DTYPE_ITEMSIZE}
-
-
-# Used by `header._load_pickle_tensors` (inverted) and by the writer to check tile dtypes.
-TORCH_DTYPES: dict[str, torch.dtype] = _torch_dtypes()
+# Used by the writer to check tile dtypes.
+TORCH_DTYPES: dict[str, torch.dtype] = torch_dtypes()
 
 # Largest single pread/pwrite request. Linux caps one read(2) at 0x7ffff000 bytes anyway; 64 MiB is the top of the
-# 8–64 MB range of §8.3: large enough to run at device speed, small enough that a short read is cheap to resume.
+# 8–64 MB range: large enough to run at device speed, small enough that a short read is cheap to resume.
 MAX_REQUEST_BYTES = 64 * 2**20
 
 _HAS_PREADV = hasattr(os, "preadv")
 _HAS_FADVISE = hasattr(os, "posix_fadvise")
-
-
-def torch_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype for a safetensors dtype string; `ValueError` naming the supported ones otherwise."""
-    try:
-        return TORCH_DTYPES[dtype]
-    except KeyError:
-        raise ValueError(
-            f"safetensors dtype {dtype!r} has no torch dtype here (supported: {sorted(TORCH_DTYPES)})"
-        ) from None
 
 
 def pread_into(fd: int, view: memoryview, offset: int, path: str = "<fd>") -> None:
@@ -93,12 +58,12 @@ def pread_into(fd: int, view: memoryview, offset: int, path: str = "<fd>") -> No
 
 
 class SafetensorsReader:
-    """Row-range reader over one `ModelCheckpoint` (spec §8.3).
+    """Row-range reader over one `ModelCheckpoint`.
 
     Args:
         checkpoint: the checkpoint to read, from `ModelCheckpoint.open`.
         drop_cache: after each read, `posix_fadvise(DONTNEED)` the range just read so a merge of many large inputs
-            does not flush the rest of the page cache (§8.3). Off by default: re-reads (2-pass methods) are faster
+            does not flush the rest of the page cache. Off by default: re-reads (2-pass methods) are faster
             from the cache.
 
     Attributes:
@@ -131,7 +96,7 @@ class SafetensorsReader:
             if fd is None:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 if _HAS_FADVISE:
-                    # Tiles are requested in file-offset order (plan.order_by_offset): let the kernel read ahead.
+                    # Chunks are requested in file order: let the kernel read ahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 self._fds[path] = fd
         return fd

@@ -1,4 +1,4 @@
-"""Streaming safetensors writer: headers first, then `pwrite` of row tiles at their final offsets (spec §8.3).
+"""Streaming safetensors writer: headers first, then `pwrite` of row tiles at their final offsets.
 
 After planning, every output tensor's name, dtype and shape is known, so each shard's header (and therefore every
 tensor's byte offset) can be computed before any weight exists. The writer writes the headers at open, sizes the
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .header import DTYPE_ITEMSIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from .dtypes import DTYPE_ITEMSIZE
+from .header import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from .reader import MAX_REQUEST_BYTES, TORCH_DTYPES
 
 
@@ -136,12 +137,12 @@ def _pwrite_all(fd: int, view: memoryview, offset: int, path: str) -> None:
 
 
 class StreamingSafetensorsWriter:
-    """Write a (possibly sharded) safetensors checkpoint tile by tile (spec §8.3 "Writer", steps 1–4).
+    """Write a (possibly sharded) safetensors checkpoint tile by tile.
 
     Args:
         folder: output folder (created if missing). Existing files with the shard/index names are overwritten.
         specs: every output tensor, in the order they are to be stored (the reference model's order).
-        max_shard_size: maximum tensor bytes per shard (int; use `plan.parse_size` for "5GB").
+        max_shard_size: maximum tensor bytes per shard (int; use `compat.parse_size` for "5GB").
         metadata: the safetensors `__metadata__` of every shard; transformers requires `{"format": "pt"}`.
 
     Attributes:

@@ -1,34 +1,28 @@
 """Merge methods, registered by name in `MERGE_METHODS` (importing this package registers all of them).
 
 `MERGE_METHODS.get(name).fn` is a zero-argument factory returning a `MergeMethod`; use `get_merge_method(name)`.
-
-| name | kind | space | paper |
-|---|---|---|---|
-| `linear` | gram (no Gram needed) | weights | Wortsman et al. 2022 (model soups) |
-| `task_arithmetic` | gram (no Gram needed) | task_vector | Ilharco et al. 2022 |
-| `ties` | elementwise (magnitude thresholds) | task_vector | Yadav et al. 2023 |
-| `dare_linear`, `dare_ties` | elementwise (counter-based RNG) | task_vector | Yu et al. 2023 |
-| `slerp` | gram | weights (or task_vector) | Shoemake 1985 |
-| `fisher_rao` (alias `karcher`), `nre`, `nre_unit` | gram | weights or task_vector | Wang, Ye, Yin 2026 |
-| `wsm` | gram (no Gram needed) | weights (ordered checkpoints) | WSM, arXiv 2507.17634 |
+Each module registers its methods when imported; the registry lists them in import order, which is the
+alphabetical order of the modules below (not an order of preference). `docs/merging.md` has the table of methods,
+their parameters and papers.
 """
 
-from hf_stable.merging.methods import dare as _dare  # noqa: F401
-from hf_stable.merging.methods import fisher_rao as _fisher_rao  # noqa: F401
-
-# Importing the method modules registers them (order = listing order).
-from hf_stable.merging.methods import linear as _linear  # noqa: F401
-from hf_stable.merging.methods import slerp as _slerp  # noqa: F401
+from hf_stable.merging.methods import arcee_fusion as _arcee_fusion  # noqa: F401
+from hf_stable.merging.methods import dare as _dare  # noqa: F401  (dare_linear, dare_ties, della, della_linear)
+from hf_stable.merging.methods import fisher_rao as _fisher_rao  # noqa: F401  (multislerp, fisher_rao, karcher, ...)
+from hf_stable.merging.methods import fw_merging as _fw_merging  # noqa: F401
+from hf_stable.merging.methods import linear as _linear  # noqa: F401  (linear, passthrough)
+from hf_stable.merging.methods import model_stock as _model_stock  # noqa: F401
+from hf_stable.merging.methods import slerp as _slerp  # noqa: F401  (slerp, nuslerp)
 from hf_stable.merging.methods import task_arithmetic as _task_arithmetic  # noqa: F401
-from hf_stable.merging.methods import ties as _ties  # noqa: F401
+from hf_stable.merging.methods import ties as _ties  # noqa: F401  (ties, breadcrumbs, breadcrumbs_ties)
 from hf_stable.merging.methods import wsm as _wsm  # noqa: F401
 from hf_stable.merging.methods.base import (
     MERGE_METHODS,
-    PASSTHROUGH_PARAMS,
     SPACES,
     ElementwiseMethod,
     GramMethod,
     MergeMethod,
+    Param,
     apply_coefficients,
     gather_params,
     get_merge_method,
@@ -39,11 +33,11 @@ from hf_stable.merging.methods.base import (
 
 __all__ = [
     "MERGE_METHODS",
-    "PASSTHROUGH_PARAMS",
     "SPACES",
     "ElementwiseMethod",
     "GramMethod",
     "MergeMethod",
+    "Param",
     "apply_coefficients",
     "gather_params",
     "get_merge_method",

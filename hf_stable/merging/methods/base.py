@@ -1,72 +1,127 @@
 """The merge-method interface shared by the streaming engine and the in-memory reference.
 
-Two kinds of methods (spec `merging.md` §0):
+Two kinds of methods (see `docs/merging.md`, "How the engine streams"):
 
 * **gram** — the output is a linear combination `[base +] Σ_i c_i v_i` of the inputs `v_i` (full weights or task
   vectors, see `space`). The coefficients `c` depend only on the N×N fp64 Gram matrix `G[i,j] = <v_i, v_j>`
-  (or on nothing at all) and on the per-model weights, so the engine can stream: one pass for the Gram, a tiny
+  (or on nothing at all) and on the per-model weights, so the engine streams: one pass for the Gram, a tiny
   solve, one pass to combine (`apply_coefficients`).
-* **elementwise** — each output element needs the N input values at that position (TIES, DARE) plus per-(model,
-  tensor) statistics: magnitude thresholds computed by the engine over the WHOLE tensor. `combine` is a pure
-  function of one tile and is identical for any tiling (DARE masks come from a counter-based RNG keyed on the
-  flat element index, `hf_stable.merging.rng`).
+* **elementwise** — each output element needs the N input values at that position plus per-(model, tensor)
+  statistics gathered over the WHOLE tensor before the combine: k-th largest scores (`ranks`, TIES and
+  breadcrumbs thresholds) and method sums (`new_sums`/`accumulate`, e.g. the L1 norms of a rescale). `combine` is
+  a pure function of one chunk and gives bitwise the same result for any chunking (random masks come from a
+  counter-based RNG keyed on the flat element index, `hf_stable.merging.rng`). `row_local` methods (DELLA's ranks
+  within a row, per-row SLERP, filter-wise model stock) see whole logical rows in every chunk.
+
+A method is declared once, on its class: its parameters (`Param`: default, validator, one value per model or not),
+what it does with a base model (`base`), how many inputs it takes, its paper (on the `MERGE_METHODS` registration).
+Config, planner, engine, card and the parameter-effect test all read these declarations.
 
 Registry convention: `MERGE_METHODS.get(name).fn` is a zero-argument factory (the method class, or a partial of
 it for aliases); `get_merge_method(name)` calls it and returns a `MergeMethod` instance.
-
-Parameters: a method receives ONE resolved dict `params` (global parameters merged with `param_defaults`).
-Per-model tensor parameters other than `weight` (only `density` today, as mergekit allows) are passed in that
-dict as a list with one value per model; `gather_params(global_params, per_model_params)` builds that dict and the
-weight vector from mergekit-style per-model dicts.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from hf_stable._validation import check_bool, check_choice, check_int, check_number
 from hf_stable.registry import Registry
 
 
 MERGE_METHODS = Registry(
     "merge_method",
-    "Model-merging methods: gram kind (coefficients from the Gram matrix) or elementwise kind (TIES/DARE).",
+    "Model-merging methods: gram kind (coefficients from the Gram matrix) or elementwise kind (TIES/DARE family).",
 )
 
 SPACES = ("weights", "task_vector")
 
-# Keys the config may carry next to a method's own parameters; `resolve` drops them. mergekit recipes use
-# `int8_mask` (a memory option of its GTA methods, meaningless here); `filter_exclude` and `granularity` are read by
-# the engine; a global `weight` travels as the weight vector, not in `params`.
-PASSTHROUGH_PARAMS = frozenset({"int8_mask", "filter_exclude", "granularity", "weight"})
+# What a method does with `base_model`:
+#   "unused"       - weights-space method; the base is not an input (a base given in the recipe is not read);
+#   "task_vector"  - needs a base; merges task vectors v_i = x_i − base and adds the base back;
+#   "optional"     - task vectors when a base is given, full weights otherwise (multislerp, nuslerp);
+#   "endpoint"     - the base is one of the inputs, the first one (slerp: its t = 0 end);
+#   "by_space"     - chosen by the `space` parameter (fisher_rao family).
+BASE_POLICIES = ("unused", "task_vector", "optional", "endpoint", "by_space")
 
-# Parameters that mergekit defines per model (`tensor_parameters`); `weight` travels as the weight vector.
-PER_MODEL_PARAMS = ("weight", "density")
+
+@dataclass(frozen=True)
+class Param:
+    """One recipe parameter a method reads.
+
+    Args:
+        name: as the user spells it in the recipe (`density`).
+        default: the value when the recipe does not set it (`None` = unset; the method decides).
+        help: one line for the docs.
+        check: a validator `check(name, value, where=...)` from `hf_stable._validation` (`None`: no constraint).
+        per_model: one value per input model (mergekit's per-input parameters: `weight`, `density`, ...); a scalar
+            is broadcast.
+    """
+
+    name: str
+    default: Any
+    help: str
+    check: Callable[..., None] | None = None
+    per_model: bool = False
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def number(**bounds) -> Callable[..., None]:
+    """`check_number` with bounds bound, for `Param.check`."""
+
+    def check(name, value, where=None):
+        check_number(name, value, where=where, **bounds)
+
+    return check
+
+
+def integer(**bounds) -> Callable[..., None]:
+    def check(name, value, where=None):
+        check_int(name, value, where=where, **bounds)
+
+    return check
+
+
+def boolean(name, value, where=None) -> None:
+    """`check_bool`, raising `ValueError` like every other recipe check (a recipe error is a bad value)."""
+    try:
+        check_bool(name, value, where=where)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+
+
+def choice(*allowed) -> Callable[..., None]:
+    def check(name, value, where=None):
+        check_choice(name, value, allowed, where=where)
+
+    return check
+
+
+WEIGHT = Param("weight", 1.0, "Per-model weight.", number(), per_model=True)
 
 
 class MergeMethod:
-    """Base class. Subclasses set `kind`, `param_defaults`, and implement the kind's methods.
+    """Base class. Subclasses set `kind`, `params`, `base`, the input counts, and implement the kind's methods.
 
     Attributes:
         name (`str`): registered name (aliases keep their own name, e.g. ``"karcher"``).
         kind (`str`): ``"gram"`` or ``"elementwise"``.
-        param_defaults (`dict`): every parameter the method reads, with its default.
-        choices (`dict[str, tuple]`): allowed values of categorical parameters (checked by `validate`).
+        params (`tuple[Param, ...]`): every parameter the method reads.
+        base (`str`): one of `BASE_POLICIES`.
+        min_models, max_models (`int`): inputs other than the base model.
     """
 
     kind: ClassVar[str] = ""
     default_name: ClassVar[str] = ""
-    param_defaults: ClassVar[dict[str, Any]] = {}
-    choices: ClassVar[dict[str, tuple]] = {}
+    params: ClassVar[tuple[Param, ...]] = ()
+    base: ClassVar[str] = "unused"
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
+    data_driven: ClassVar[bool] = False
 
     def __init__(self, name: str | None = None):
         self.name = name or self.default_name
@@ -74,78 +129,91 @@ class MergeMethod:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r})"
 
+    @property
+    def where(self) -> str:
+        return f"merge_method {self.name!r}"
+
     # ------------------------------------------------------------------ parameters
+    @classmethod
+    def param(cls, name: str) -> Param | None:
+        return next((p for p in cls.params if p.name == name), None)
+
+    @property
+    def param_defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params if p.name != "weight"}
+
+    @property
+    def per_model_params(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params if p.per_model)
+
     def resolve(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
-        """`param_defaults` updated with `params` (passthrough keys dropped)."""
-        out = dict(self.param_defaults)
+        """Defaults updated with `params` (`weight` travels as the weight vector, never in `params`)."""
+        out = self.param_defaults
         for key, value in (params or {}).items():
-            if key in PASSTHROUGH_PARAMS:
-                continue
-            out[key] = value
+            if key != "weight":
+                out[key] = value
         return out
 
-    def requires_base(self, params: Mapping[str, Any]) -> bool:
-        """Whether a `base_model` is needed (true for task-vector space)."""
-        return self.space(params, has_base=True) == "task_vector"
+    def uses_weights(self) -> bool:
+        return self.param("weight") is not None
+
+    def kind_for(self, params: Mapping[str, Any]) -> str:
+        """How the engine streams this method with these parameters: ``"gram"`` or ``"elementwise"``."""
+        return self.kind
+
+    def validate_weights(self, weights: Sequence[float] | None, params: Mapping[str, Any]) -> None:
+        """Refuse per-model weights the method would not read (nothing is silently ignored)."""
+        if weights is not None and not self.uses_weights():
+            raise ValueError(f"{self.where} does not take a per-model `weight`; remove it from the recipe.")
 
     def space(self, params: Mapping[str, Any], has_base: bool) -> str:
         """``"weights"`` (v_i = x_i) or ``"task_vector"`` (v_i = x_i − base; the engine adds base back)."""
+        if self.base == "task_vector" or (self.base == "optional" and has_base):
+            return "task_vector"
+        if self.base == "by_space":
+            return self.resolve(params).get("space", "weights")
         return "weights"
 
+    def requires_base(self, params: Mapping[str, Any]) -> bool:
+        """Whether a `base_model` is needed (task vectors). An endpoint method's first model is its base end when no
+        base_model is given."""
+        if self.base == "by_space":
+            return self.resolve(params).get("space", "weights") == "task_vector"
+        return self.base == "task_vector"
+
     def validate(self, params: Mapping[str, Any], n_models: int, has_base: bool) -> None:
-        """Raise `ValueError` naming the offending parameter and its allowed values."""
-        granularity = (params or {}).get("granularity", "tensor")
-        if granularity != "tensor":  # spec §3.2: `global` and `row` are research options not built yet
-            raise ValueError(
-                f"merge_method {self.name!r}: granularity={granularity!r} is not supported; only 'tensor' (one block "
-                "per named tensor) is implemented."
-            )
+        """Raise `ValueError`/`TypeError` naming the offending parameter and its allowed values.
+
+        `n_models` counts the inputs other than the base (for `base = "endpoint"` methods, the base counts).
+        """
         params = self.resolve(params)
-        unknown = sorted(set(params) - set(self.param_defaults))
+        declared = {p.name for p in self.params}
+        unknown = sorted(set(params) - declared)
         if unknown:
-            raise ValueError(
-                f"merge_method {self.name!r}: unknown parameter(s) {unknown}. "
-                f"Allowed: {sorted(self.param_defaults)} (plus {sorted(PASSTHROUGH_PARAMS)})."
-            )
-        for key, allowed in self.choices.items():
-            if params.get(key) not in allowed:
-                raise ValueError(
-                    f"merge_method {self.name!r}: parameter {key!r}={params.get(key)!r}; allowed values: "
-                    f"{', '.join(map(repr, allowed))}."
-                )
+            raise ValueError(f"{self.where}: unknown parameter(s) {unknown}. Allowed: {sorted(declared)}.")
+        for p in self.params:
+            if p.name == "weight" or p.check is None or (params.get(p.name) is None and p.default is None):
+                continue
+            values = params[p.name]
+            if p.per_model:
+                values = _per_model(values, n_models, p.name, self.name)
+            else:
+                values = (values,)
+            for value in values:
+                p.check(p.name, value, where=self.where)
         if n_models < self.min_models or (self.max_models is not None and n_models > self.max_models):
             want = (
                 f"exactly {self.min_models}"
                 if self.max_models == self.min_models
                 else f"at least {self.min_models}" + (f" and at most {self.max_models}" if self.max_models else "")
             )
-            raise ValueError(f"merge_method {self.name!r} needs {want} input models, got {n_models}.")
+            raise ValueError(f"{self.where} needs {want} input models, got {n_models}.")
         if self.requires_base(params) and not has_base:
-            raise ValueError(
-                f"merge_method {self.name!r} works on task vectors (space='task_vector') and needs a base_model."
-            )
+            raise ValueError(f"{self.where} works on task vectors (x_i − base) and needs a base_model.")
         self._validate(params, n_models, has_base)
 
     def _validate(self, params: dict[str, Any], n_models: int, has_base: bool) -> None:
-        """Method-specific checks on resolved params."""
-
-    @staticmethod
-    def _check_number(
-        method: str, key: str, value: Any, *, low: float | None = None, high: float | None = None, low_open=False
-    ):
-        if not _is_number(value):
-            raise ValueError(f"merge_method {method!r}: parameter {key!r} must be a number, got {value!r}.")
-        if low is not None and (value <= low if low_open else value < low):
-            raise ValueError(
-                f"merge_method {method!r}: parameter {key!r}={value!r} must be {'>' if low_open else '>='} {low}."
-            )
-        if high is not None and value > high:
-            raise ValueError(f"merge_method {method!r}: parameter {key!r}={value!r} must be <= {high}.")
-
-    @staticmethod
-    def _check_bool(method: str, key: str, value: Any):
-        if not isinstance(value, bool):
-            raise ValueError(f"merge_method {method!r}: parameter {key!r} must be true or false, got {value!r}.")
+        """Method-specific checks on resolved params (cross-parameter rules)."""
 
 
 class GramMethod(MergeMethod):
@@ -174,30 +242,40 @@ class GramMethod(MergeMethod):
 
 
 class ElementwiseMethod(MergeMethod):
-    """Output `[base +] combine(v)` computed position by position (TIES/DARE family)."""
+    """Output `[base +] combine(v)` computed position by position (TIES/DARE family and row-local methods)."""
 
     kind = "elementwise"
+    row_local: ClassVar[bool] = False
 
-    def density(self, params: Mapping[str, Any]) -> float | tuple[float, ...] | None:
-        """Fraction kept by per-model MAGNITUDE trimming (None: no thresholds needed).
+    def row_local_for(self, params: Mapping[str, Any]) -> bool:
+        """Whether `combine`/`accumulate` need whole logical rows (a 1-D tensor is one row)."""
+        return self.row_local
 
-        A tuple when `density` is given per model. Prefer `densities(params, n_models)`.
+    def ranks(self, params: Mapping[str, Any], n_models: int, numel: int) -> list[tuple[int, ...]] | None:
+        """Per model, the ranks `k` (1 = largest) of `score(v_i)` the combine needs, or None (no selection pass).
+
+        The engine computes `thresholds[i, j]` = the `ranks[i][j]`-th largest score of model i over the WHOLE
+        tensor (`inf` for k ≤ 0) and passes `thresholds` `(N, K)` (`(N,)` when K = 1) to `accumulate`/`combine`.
         """
         return None
 
     def densities(self, params: Mapping[str, Any], n_models: int) -> tuple[float, ...] | None:
-        """Per-model magnitude-trim densities (length `n_models`), or None when no thresholds are needed.
+        """Per-model magnitude-trim densities, or None when no thresholds are needed (TIES family)."""
+        return None
 
-        The engine computes `thresholds[i] = kth_largest_abs(v_i over the whole tensor, keep_count(d_i, numel))`
-        for each model i (None for the whole vector if every density is ≥ 1).
-        """
-        d = self.density(params)
-        if d is None:
-            return None
-        d = _per_model(d, n_models, "density", self.name)
-        if all(x >= 1 for x in d):
-            return None
-        return d
+    def score(self, v: torch.Tensor, *, base: torch.Tensor | None, row_len: int) -> torch.Tensor:
+        """`(n,)` non-negative float32 values ranked by `ranks` (default `|v|`); `v` is one model's chunk."""
+        return v.abs()
+
+    def needs_sums(self, params: Mapping[str, Any]) -> bool:
+        """Whether `combine` needs whole-tensor sums gathered by `accumulate` in a pass before it."""
+        return False
+
+    def new_sums(self, n_models: int) -> Any:
+        return None
+
+    def accumulate(self, sums: Any, v: torch.Tensor, weights: torch.Tensor, params: Mapping[str, Any], **kw) -> None:
+        """Add one chunk `v (N, n)` to `sums` (same keywords as `combine`)."""
 
     def combine(
         self,
@@ -209,17 +287,25 @@ class ElementwiseMethod(MergeMethod):
         tensor_name: str,
         offset: int,
         seed: int,
+        sums: Any = None,
+        base: torch.Tensor | None = None,
+        row_len: int | None = None,
+        shape: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
-        """Merge one tile.
+        """Merge one chunk.
 
         Args:
-            v: `(N, n)` float32, the inputs in `space` (a flat tile of the tensor).
+            v: `(N, n)` float32, the inputs in `space` (a flat chunk of the tensor).
             weights: `(N,)` float32 per-model weights.
             params: resolved parameters.
-            thresholds: `(N,)` float32 k-th largest |v_i| over the whole tensor (keep |v| ≥ threshold), or None.
-            tensor_name: name of the tensor (keys the DARE RNG).
+            thresholds: `(N,)` or `(N, K)` float32 k-th largest scores over the whole tensor (see `ranks`), or None.
+            tensor_name: name of the tensor (keys the random masks).
             offset: flat element index of `v[:, 0]` within the tensor.
             seed: merge seed.
+            sums: what `accumulate` gathered over the whole tensor (None if not `needs_sums`).
+            base: `(n,)` float32 base chunk for task-vector methods (the engine adds it back), else None.
+            row_len: elements per logical row (row-local methods; chunks hold whole rows; a vector is one row).
+            shape: the whole tensor's shape.
 
         Returns:
             `(n,)` float32 merged vector in `space` (the engine adds the base for task vectors).
@@ -228,9 +314,11 @@ class ElementwiseMethod(MergeMethod):
 
 
 def keep_count(density: float, numel: int) -> int:
-    """Elements kept by magnitude trimming: `int(density · numel)`, as PEFT `magnitude_based_pruning` and mergekit
-    `sparsify.magnitude` (`k = int(density * tensor.numel())`)."""
-    return min(numel, int(density * numel))
+    """Elements kept by magnitude trimming: `max(1, int(density · numel))` for a non-empty tensor and a positive
+    density, as mergekit 0.1.5 `sparsify.magnitude` (`k = max(1, int(density * tensor.numel()))`)."""
+    if numel <= 0 or density <= 0:
+        return 0
+    return min(numel, max(1, int(density * numel)))
 
 
 def _per_model(value: Any, n_models: int, key: str, method: str) -> tuple[float, ...]:
@@ -239,31 +327,36 @@ def _per_model(value: Any, n_models: int, key: str, method: str) -> tuple[float,
     if isinstance(value, (list, tuple)):
         if len(value) != n_models:
             raise ValueError(
-                f"merge_method {method!r}: per-model parameter {key!r} has {len(value)} values for {n_models} models."
+                f"merge_method {method!r}: per-model parameter `{key}` has {len(value)} values for {n_models} models."
             )
-        return tuple(_number(x, key, method) for x in value)
-    return (_number(value, key, method),) * n_models
+        return tuple(_value(x, key, method) for x in value)
+    return (_value(value, key, method),) * n_models
 
 
-def _number(value: Any, key: str, method: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"merge_method {method!r}: parameter {key!r} must be a number, got {value!r}.")
+def _value(value: Any, key: str, method: str) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"merge_method {method!r}: `{key}` must be a number, got {value!r}.")
     return float(value)
 
 
 def per_model(params: Mapping[str, Any], key: str, n_models: int, method: str = "") -> tuple[float, ...]:
-    """`params[key]` as one float per model (a scalar is broadcast)."""
+    """`params[key]` as one value per model (a scalar is broadcast)."""
     return _per_model(params[key], n_models, key, method)
 
 
 def gather_params(
-    global_params: Mapping[str, Any] | None, per_model_params: Sequence[Mapping[str, Any]]
+    global_params: Mapping[str, Any] | None,
+    per_model_params: Sequence[Mapping[str, Any]],
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[list[float] | None, dict[str, Any]]:
     """Split mergekit-style per-model parameter dicts into `(weights, params)`.
 
     `weight` becomes the weight list (None if no model sets it; a model without it gets 1.0). Any other
-    per-model key (`density`) becomes a list in `params` (the global value, if any, fills models that omit it);
-    a list whose values are all equal collapses to a scalar.
+    per-model key (`density`) becomes a list in `params`: a model that omits it gets the global value, else the
+    method's default (`defaults`, as mergekit resolves a missing per-input parameter); a list whose values are all
+    equal collapses to a scalar.
     """
     params = dict(global_params or {})
     n = len(per_model_params)
@@ -272,7 +365,7 @@ def gather_params(
         weights = [float(p.get("weight", 1.0)) for p in per_model_params]
     keys = {k for p in per_model_params for k in p} - {"weight"}
     for key in sorted(keys):
-        fill = params.get(key)
+        fill = params.get(key, (defaults or {}).get(key))
         values = []
         for i, p in enumerate(per_model_params):
             if key in p:
@@ -280,7 +373,7 @@ def gather_params(
             elif fill is not None:
                 values.append(fill)
             else:
-                raise ValueError(f"per-model parameter {key!r} is set for some models but not for model {i}.")
+                raise ValueError(f"per-model parameter `{key}` is set for some models but not for model {i}.")
         params[key] = values[0] if all(v == values[0] for v in values) else values
     if n and "weight" in params and weights is None:
         weights = [float(params.pop("weight"))] * n
@@ -297,14 +390,14 @@ def apply_coefficients(
         v: `(N, n)` float32 (any float dtype is upcast).
         coefficients: `(N,)` (float64 from `coefficients`; cast to float32 here).
         base: `(n,)` or None; added last.
-        inplace: scale the rows of a float32 `v` in place and accumulate into `v[0]` (the engine's private tile
-            buffer): no temporaries, and the same roundings as the out-of-place form, so the result is bitwise equal.
+        inplace: scale the rows of a float32 `v` in place and accumulate into `v[0]`: no temporaries, and the same
+            roundings as the out-of-place form, so the result is bitwise equal.
 
     Returns:
         `(n,)` float32.
     """
     # Separate multiply and add (never `add_(..., alpha=)`): a fused multiply-add in the vectorised body but not in
-    # the scalar tail of a torch kernel would make an element's rounding depend on its position in the tile.
+    # the scalar tail of a torch kernel would make an element's rounding depend on its position in the chunk.
     inplace = inplace and v.dtype == torch.float32
     v = v.float()
     c = coefficients.to(torch.float32).tolist()

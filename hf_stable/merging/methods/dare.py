@@ -1,22 +1,35 @@
-"""DARE (drop and rescale): random Bernoulli(density) keep mask per task-vector entry, kept entries / density.
+"""Random sparsification of task vectors: DARE (keep each entry with probability `density`) and DELLA (keep
+probability by magnitude rank within the row), then the generalised task-arithmetic combine of `ties.py`.
 
-Semantics follow mergekit `sparsify.py::bernoulli` + `merge_methods/generalized_task_arithmetic.py` (registry
-entries `dare_linear`: no consensus; `dare_ties`: "sum" sign consensus; both `normalize=false`, `rescale=true` by
-default) and PEFT `utils/merge_utils.py::random_pruning` (`tensor * mask / density`) (read, not copied).
-The mask is not drawn with `torch.bernoulli`: it comes from `hf_stable.merging.rng.keep_mask`, keyed on
-(seed, model index, tensor name, flat element index), so every tiling of a tensor gets the same mask.
+Semantics follow mergekit 0.1.5 `sparsify.py` (`bernoulli`, `della_magprune`, `rescaled_masked_tensor`) and its
+registry entries (read, not copied):
 
-Note: PEFT's `dare_ties` always divides by the count of agreeing models; mergekit (and this) only when
-`normalize: true`.
-Paper: Yu et al. 2023, "Language models are Super Mario: absorbing abilities from homologous models as a free
-lunch", arXiv 2311.03099.
+* `dare_linear` / `dare_ties`: no consensus / sign consensus; `normalize: false`, `rescale: true` by default;
+* `della` / `della_linear`: sign consensus with `normalize: true` / none with `normalize: false`; `rescale: true`;
+* `rescale: true` scales the kept entries of each task vector to its L1 norm over the whole tensor,
+  `‖τ_i‖₁ / ‖kept τ_i‖₁` (mergekit 0.1.5). The DARE paper's rescale, `kept / density`, is
+  `rescale_norm: inverse_density` (also PEFT `utils/merge_utils.py::random_pruning`).
+
+Masks are not drawn with `torch.bernoulli` (whose stream depends on every earlier draw): they come from
+`hf_stable.merging.rng`, keyed on (seed, model index, tensor name, flat element index), so every chunking of a
+tensor gets the same mask and a merge is reproducible from its seed. mergekit's masks therefore differ from ours
+draw by draw; the kept fraction and the rescale rule are what agree (tests/merging/test_mergekit_parity.py).
+
+DELLA's keep probability of an entry is `(density − ε) + 2ε · (r − 1)/(n − 1)`, `r` its ascending |τ| rank among
+the `n` entries of its row (dim 1 of a matrix; a vector is one row), ties broken by position.
+
+Papers: DARE — Yu et al. 2023, arXiv 2311.03099; DELLA — Deep et al. 2024, arXiv 2406.11617.
 """
 
 from __future__ import annotations
 
+import torch
+
 from hf_stable.merging import rng
-from hf_stable.merging.methods.base import MERGE_METHODS, _per_model
-from hf_stable.merging.methods.ties import GeneralizedTaskArithmetic, gta_combine
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, Param, _per_model, choice, number
+from .ties import GeneralizedTaskArithmetic
 
 
 def dare_keep(n_models: int, densities, tensor_name: str, offset: int, n: int, seed: int):
@@ -24,38 +37,67 @@ def dare_keep(n_models: int, densities, tensor_name: str, offset: int, n: int, s
     return [None if d >= 1.0 else rng.keep_mask(seed, i, tensor_name, offset, n, d) for i, d in enumerate(densities)]
 
 
-class _DareMethod(GeneralizedTaskArithmetic):
-    param_defaults = {"density": 1.0, "lambda": 1.0, "normalize": False, "rescale": True}
+def della_probabilities(magnitude: torch.Tensor, row_len: int, density: float, epsilon: float) -> torch.Tensor:
+    """`(n,)` float64 keep probabilities of DELLA's magnitude-ranked sampling.
 
-    def density(self, params):
+    Args:
+        magnitude: `(n,)` |τ| of whole rows (`n` a multiple of `row_len`).
+        row_len: entries per row.
+        density, epsilon: mean keep probability and its spread (`density ± epsilon` in (0, 1)).
+    """
+    rows = magnitude.reshape(-1, row_len)
+    order = torch.argsort(rows, dim=1, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(row_len, dtype=order.dtype).expand_as(order))  # 0-based ascending
+    scale = 1.0 / (row_len - 1) if row_len > 1 else 0.0
+    return ((density - epsilon) + ranks.to(torch.float64) * scale * 2 * epsilon).reshape(-1)
+
+
+class _RandomMethod(GeneralizedTaskArithmetic):
+    default_normalize = False
+    default_rescale = True
+
+    def densities(self, params, n_models):
         return None  # random, not magnitude, trimming: no thresholds needed
 
-    def combine(self, v, weights, params, *, thresholds, tensor_name, offset, seed):
-        p = self.resolve(params)
-        n_models, n = v.shape[0], v.shape[-1]
-        dens = _per_model(p["density"], n_models, "density", self.name)
-        return gta_combine(
-            v,
-            weights,
-            keep=dare_keep(n_models, dens, tensor_name, offset, n, seed),
-            rescale=list(dens) if p["rescale"] else None,
-            consensus=self.consensus,
-            normalize=bool(p["normalize"]),
-            lam=float(p["lambda"]),
-        )
+    def _dens(self, p, n_models):
+        return _per_model(p["density"], n_models, "density", self.name)
+
+
+class _DareMethod(_RandomMethod):
+    params = (
+        *GeneralizedTaskArithmetic.params,
+        Param(
+            "rescale_norm",
+            "l1",
+            "What `rescale` preserves: `l1` (the L1 norm, mergekit 0.1.5) or `inverse_density` (kept / density, the "
+            "DARE paper).",
+            choice("l1", "inverse_density"),
+        ),
+    )
+
+    def _validate(self, params, n_models, has_base):
+        if params["rescale_norm"] != "l1" and not params["rescale"]:
+            raise ValueError(
+                f"{self.where}: `rescale_norm`={params['rescale_norm']!r} has no effect with `rescale`: false; set "
+                "rescale: true or drop rescale_norm."
+            )
+
+    def sparsify(self, v, params, *, tensor_name, offset, seed, **kw):
+        keep = dare_keep(v.shape[0], self._dens(params, v.shape[0]), tensor_name, offset, v.shape[-1], seed)
+        return [None if k is None else v[i] * k for i, k in enumerate(keep)]
 
 
 @MERGE_METHODS.register(
     "dare_linear",
-    paper="Yu et al. 2023, DARE (arXiv 2311.03099)",
-    url="https://arxiv.org/abs/2311.03099",
-    description="Random drop (keep p = density) and rescale 1/density, then weighted sum of task vectors.",
+    paper=PAPERS["dare"],
+    description="Random drop (keep p = density) and rescale, then weighted sum of task vectors.",
 )
 class DareLinearMethod(_DareMethod):
     """DARE + task arithmetic (Yu et al. 2023, arXiv 2311.03099).
 
-    Params: `density` (keep probability, 1.0; scalar or per model), `lambda` (1.0), `normalize` (false),
-    `rescale` (true: kept entries divided by density).
+    Params: `weight` and `density` (keep probability; one per model), `lambda`, `normalize` (false), `rescale`
+    (true), `rescale_norm` (`l1` | `inverse_density`), `int8_mask`.
     """
 
     default_name = "dare_linear"
@@ -64,8 +106,7 @@ class DareLinearMethod(_DareMethod):
 
 @MERGE_METHODS.register(
     "dare_ties",
-    paper="Yu et al. 2023, DARE (arXiv 2311.03099) + TIES sign consensus (arXiv 2306.01708)",
-    url="https://arxiv.org/abs/2311.03099",
+    paper=PAPERS["dare"],
     description="Random drop and rescale, then TIES sign election and disjoint merge of task vectors.",
 )
 class DareTiesMethod(_DareMethod):
@@ -76,3 +117,61 @@ class DareTiesMethod(_DareMethod):
 
     default_name = "dare_ties"
     consensus = True
+
+
+class _DellaMethod(_RandomMethod):
+    row_local = True
+    params = (
+        *GeneralizedTaskArithmetic.params,
+        Param("epsilon", 0.15, "Spread of the keep probability around density.", number(low=0, high=1), True),
+    )
+
+    def _validate(self, params, n_models, has_base):
+        dens = self._dens(params, n_models)
+        eps = _per_model(params["epsilon"], n_models, "epsilon", self.name)
+        for d, e in zip(dens, eps, strict=True):
+            if d < 1 and (d + e >= 1 or d - e <= 0):
+                raise ValueError(
+                    f"{self.where}: `epsilon`={e} with `density`={d}: density ± epsilon must lie in (0, 1)."
+                )
+
+    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, **kw):
+        n_models, n = v.shape
+        dens = self._dens(params, n_models)
+        eps = _per_model(params["epsilon"], n_models, "epsilon", self.name)
+        out = []
+        for i in range(n_models):
+            if dens[i] >= 1:
+                out.append(None)
+                continue
+            p = della_probabilities(v[i].abs(), row_len or n, dens[i], eps[i])
+            out.append(v[i] * (rng.uniform(seed, i, tensor_name, offset, n) < p))
+        return out
+
+
+@MERGE_METHODS.register(
+    "della",
+    paper=PAPERS["della"],
+    description="Magnitude-ranked random drop within rows (MagPrune), L1 rescale, TIES sign consensus.",
+)
+class DellaMethod(_DellaMethod):
+    """DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) with TIES sign election.
+
+    Params: `weight`, `density`, `epsilon` (0.15; one per model), `lambda`, `normalize` (true), `rescale` (true).
+    """
+
+    default_name = "della"
+    consensus = True
+    default_normalize = True
+
+
+@MERGE_METHODS.register(
+    "della_linear",
+    paper=PAPERS["della"],
+    description="Magnitude-ranked random drop within rows (MagPrune), L1 rescale, weighted sum.",
+)
+class DellaLinearMethod(_DellaMethod):
+    """DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) without sign consensus."""
+
+    default_name = "della_linear"
+    consensus = False

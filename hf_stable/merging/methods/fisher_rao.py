@@ -1,56 +1,53 @@
-"""Fisher–Rao merging: weighted spherical Karcher mean per tensor with norm restoration, solved from the Gram.
+"""Fisher–Rao merging: weighted spherical Karcher mean per tensor with norm restoration, solved from the Gram;
+and mergekit's Multi-SLERP, the normalised weighted mean of unit directions.
 
 Paper: Wang, Ye, Yin 2026, Fisher–Rao merging (arXiv 2603.04972); its reference code is mergekit's `karcher`
-method (`merge_methods/karcher.py`, read, not copied). Spec `merging.md` §3.3 (algorithm), §3.4 (coefficient
-space), §3.7 (differences from mergekit: weights honoured, fp64, atan2, backtracking, task-vector space).
+method (`merge_methods/karcher.py`, read, not copied). hf_stable differs on purpose (docs/merging.md,
+"Fisher–Rao"): per-model weights are honoured, the solve is fp64 from the Gram with `atan2`, the step is
+backtracked, and `space: task_vector` merges task vectors.
 
-Registered names: `fisher_rao` and its alias `karcher` (solver chosen by `solver`), and the norm-restored
-Euclidean baselines `nre` and `nre_unit` (= mergekit `multislerp`).
+Registered names: `fisher_rao` and its alias `karcher` (solver chosen by `solver`), the norm-restored Euclidean
+baselines `nre` and `nre_unit`, and `multislerp` (mergekit 0.1.5 `merge_methods/multislerp.py` semantics: weights
+normalised when `normalize_weights`, unit vectors `x / (‖x‖ + eps)`, task vectors when a base is given).
 """
 
 from __future__ import annotations
 
-import functools
+import torch
 
-from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients
-from hf_stable.merging.methods.base import MERGE_METHODS, SPACES, GramMethod
+from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients, norms_from_gram
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, SPACES, WEIGHT, GramMethod, Param, boolean, choice, integer, number
 
 
-_PAPER = "Wang, Ye, Yin 2026, Functionality-Oriented LLM Merging on the Fisher–Rao Manifold (arXiv 2603.04972)"
-_URL = "https://arxiv.org/abs/2603.04972"
+_SPACE = Param("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
+_NORM = Param("norm", "weighted_mean", "Norm restored on the merged direction.", choice(*NORM_MODES))
+_EPS = Param("eps", 1e-12, "Inputs with a smaller norm are dropped.", number(low=0))
+_GRANULARITY = Param("granularity", "tensor", "One block per named tensor (the only one built).", choice("tensor"))
 
 
 class FisherRaoMethod(GramMethod):
     """Fisher–Rao / Karcher merge (Wang, Ye, Yin 2026, arXiv 2603.04972).
 
-    Params: `space` (`weights` | `task_vector`), `solver` (`karcher` | `nre` | `nre_unit`), `norm`
-    (`weighted_mean` | `mean` | `median` | `max` | `geometric` | `none`), `max_iter` (50), `tol` (1e-7 rad),
-    `step` (1.0), `eps` (1e-12: inputs with a smaller norm are dropped). Per-model weights (≥ 0) are honoured.
+    Params: `weight` (≥ 0), `space`, `solver` (`karcher` | `nre` | `nre_unit`), `norm`, `max_iter` (50), `tol`
+    (1e-7 rad), `step` (1.0), `eps` (1e-12: inputs with a smaller norm are dropped), `granularity` (`tensor`).
     """
 
     default_name = "fisher_rao"
+    base = "by_space"
     fixed_solver: str | None = None
-    param_defaults = {
-        "space": "weights",
-        "solver": "karcher",
-        "norm": "weighted_mean",
-        "max_iter": 50,
-        "tol": 1e-7,
-        "step": 1.0,
-        "eps": 1e-12,
-    }
-    choices = {"space": SPACES, "solver": SOLVERS, "norm": NORM_MODES}
-
-    def space(self, params, has_base):
-        return self.resolve(params)["space"]
-
-    def _validate(self, params, n_models, has_base):
-        mi = params["max_iter"]
-        if not isinstance(mi, int) or isinstance(mi, bool) or mi < 0:
-            raise ValueError(f"merge_method {self.name!r}: parameter 'max_iter' must be an integer >= 0, got {mi!r}.")
-        self._check_number(self.name, "tol", params["tol"], low=0.0)
-        self._check_number(self.name, "step", params["step"], low=0.0, high=1.0, low_open=True)
-        self._check_number(self.name, "eps", params["eps"], low=0.0)
+    params = (
+        WEIGHT,
+        _SPACE,
+        Param("solver", "karcher", "Karcher iteration or a norm-restored Euclidean baseline.", choice(*SOLVERS)),
+        _NORM,
+        Param("max_iter", 50, "Iteration cap of the Karcher solver.", integer(low=0)),
+        Param("tol", 1e-7, "Stop when the Riemannian gradient norm is below this (radians).", number(low=0)),
+        Param("step", 1.0, "Initial step η of the exponential map.", number(low=0, high=1, low_open=True)),
+        _EPS,
+        _GRANULARITY,
+    )
 
     def coefficients(self, gram, weights, params):
         p = self.resolve(params)
@@ -67,11 +64,7 @@ class FisherRaoMethod(GramMethod):
 
 
 class _NREMethod(FisherRaoMethod):
-    param_defaults = {"space": "weights", "norm": "weighted_mean", "eps": 1e-12}
-    choices = {"space": SPACES, "norm": NORM_MODES}
-
-    def _validate(self, params, n_models, has_base):
-        self._check_number(self.name, "eps", params["eps"], low=0.0)
+    params = (WEIGHT, _SPACE, _NORM, _EPS, _GRANULARITY)
 
     def coefficients(self, gram, weights, params):
         p = self.resolve(params)
@@ -79,40 +72,96 @@ class _NREMethod(FisherRaoMethod):
 
 
 class NREMethod(_NREMethod):
-    """Norm-restored Euclidean: `s · Σα x / ||Σα x||` (spec §3.3 baseline; Wang, Ye, Yin 2026 comparison)."""
+    """Norm-restored Euclidean: `s · Σα x / ‖Σα x‖` (the baseline of Wang, Ye, Yin 2026, arXiv 2603.04972)."""
 
     default_name = "nre"
     fixed_solver = "nre"
 
 
 class NREUnitMethod(_NREMethod):
-    """Normalised mean of unit directions times `s` (= Karcher initialisation = mergekit `multislerp`)."""
+    """Normalised mean of unit directions times `s` (the Karcher initialisation)."""
 
     default_name = "nre_unit"
     fixed_solver = "nre_unit"
 
 
-MERGE_METHODS.register(
-    "fisher_rao",
-    paper=_PAPER,
-    url=_URL,
-    description="Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64).",
-)(FisherRaoMethod)
+def multislerp_coefficients(
+    gram: torch.Tensor, weights: torch.Tensor, *, normalize_weights: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """`(N,)` float64 coefficients of mergekit's Multi-SLERP from the `(N, N)` Gram of the inputs.
+
+    `u_i = x_i / (r_i + eps)`, `m = Σ w_i u_i`, output `(Σ w_i r_i) · m / ‖m‖` (the tangent-space step of
+    mergekit's code is zero: the weighted tangent mean at the normalised mean vanishes identically). When `‖m‖ <
+    eps`: two inputs fall back to `w_0 x_0 + w_1 x_1`, more raise `ValueError` (as mergekit).
+    """
+    g = torch.as_tensor(gram, dtype=torch.float64)
+    n = g.shape[0]
+    w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
+    if n == 1:
+        return torch.ones(1, dtype=torch.float64)
+    if normalize_weights:
+        w = w / w.sum()
+    r = norms_from_gram(g)
+    a = w / (r + eps)  # m = Σ a_i x_i
+    m_norm = torch.sqrt((a @ g @ a).clamp_min(0.0))
+    if m_norm < eps:
+        if n == 2:
+            return w.clone()
+        raise ValueError(
+            "multislerp: the weighted sum of the unit inputs is zero (antipodal inputs with balancing weights); "
+            "use different weights."
+        )
+    return (w * r).sum() * a / m_norm
+
+
+@MERGE_METHODS.register(
+    "multislerp",
+    paper="Goddard 2025, Multi-SLERP (blog post; no paper)",
+    url="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
+    description="Normalised weighted mean of unit directions times the weighted mean norm (mergekit multislerp).",
+)
+class MultiSlerpMethod(GramMethod):
+    """mergekit's Multi-SLERP. Params: `weight`, `normalize_weights` (true), `eps` (1e-8). Task vectors when a base
+    model is given."""
+
+    default_name = "multislerp"
+    base = "optional"
+    params = (
+        WEIGHT,
+        Param("normalize_weights", True, "Normalise the weights to sum to 1.", boolean),
+        Param("eps", 1e-8, "Added to the norms before normalising.", number(low=0)),
+    )
+
+    def coefficients(self, gram, weights, params):
+        p = self.resolve(params)
+        return multislerp_coefficients(gram, weights, normalize_weights=bool(p["normalize_weights"]), eps=p["eps"])
+
+
+class KarcherMethod(FisherRaoMethod):
+    """mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
+    `tol` 1e-5) so a mergekit recipe gives mergekit's result; per-model weights are honoured."""
+
+    default_name = "karcher"
+    params = tuple(
+        Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
+        for p in FisherRaoMethod.params
+    )
+
+
+_FR = "Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64)."
+MERGE_METHODS.register("fisher_rao", paper=PAPERS["fisher_rao_merging"], description=_FR)(FisherRaoMethod)
 MERGE_METHODS.register(
     "karcher",
-    paper=_PAPER,
-    url=_URL,
-    description="Alias of fisher_rao (mergekit-compatible name; per-model weights honoured).",
-)(functools.partial(FisherRaoMethod, name="karcher"))
+    paper=PAPERS["fisher_rao_merging"],
+    description="fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).",
+)(KarcherMethod)
 MERGE_METHODS.register(
     "nre",
-    paper=_PAPER,
-    url=_URL,
+    paper=PAPERS["fisher_rao_merging"],
     description="Norm-restored Euclidean: weighted average rescaled to the weighted mean norm.",
 )(NREMethod)
 MERGE_METHODS.register(
     "nre_unit",
-    paper=_PAPER,
-    url=_URL,
-    description="Normalised weighted mean of unit directions rescaled (mergekit multislerp).",
+    paper=PAPERS["fisher_rao_merging"],
+    description="Normalised weighted mean of unit directions rescaled.",
 )(NREUnitMethod)

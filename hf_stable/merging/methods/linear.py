@@ -1,7 +1,9 @@
-"""Linear merge (weighted average of full weights).
+"""Linear merge (weighted average of full weights) and passthrough (one model, optionally scaled).
 
-Semantics follow mergekit `merge_methods/linear.py::LinearMergeTask.execute` (read, not copied):
-`Σ_i w_i x_i`, divided by `Σ_i w_i` when `normalize` (default true).
+Linear follows mergekit 0.1.5 `merge_methods/linear.py` (read, not copied): `Σ_i w_i x_i`, divided by `Σ_i w_i`
+when `normalize` (default true). Passthrough follows `merge_methods/passthrough.py`: one input per output tensor
+(the layer-range slices of a frankenmerge), multiplied by its `scale` when given.
+
 Paper: Wortsman et al. 2022, "Model soups", arXiv 2203.05482.
 """
 
@@ -12,7 +14,9 @@ from typing import Any
 
 import torch
 
-from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, _per_model, boolean, number
 
 
 def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -27,22 +31,38 @@ def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.
 
 
 @MERGE_METHODS.register(
-    "linear",
-    paper="Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
-    url="https://arxiv.org/abs/2203.05482",
-    description="Weighted average Σ w_i x_i (/ Σ w_i when normalize).",
+    "linear", paper=PAPERS["model_soups"], description="Weighted average Σ w_i x_i (/ Σ w_i when normalize)."
 )
 class LinearMethod(GramMethod):
-    """Weighted average of the inputs (Wortsman et al. 2022, arXiv 2203.05482). Params: `normalize` (true)."""
+    """Weighted average of the inputs (Wortsman et al. 2022, arXiv 2203.05482). Params: `weight`, `normalize`."""
 
     default_name = "linear"
-    param_defaults = {"normalize": True}
-
-    def _validate(self, params, n_models, has_base):
-        self._check_bool(self.name, "normalize", params["normalize"])
+    params = (WEIGHT, Param("normalize", True, "Divide by the weight sum.", boolean))
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False
 
     def coefficients(self, gram, weights, params):
         return linear_coefficients(weights, bool(self.resolve(params)["normalize"]))
+
+
+@MERGE_METHODS.register(
+    "passthrough",
+    paper="Passthrough (mergekit; no paper)",
+    url="https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md",
+    description="Copy one model's tensors (layer-range slices build frankenmerges), times an optional scale.",
+)
+class PassthroughMethod(GramMethod):
+    """One input per output tensor, copied (times `scale` when given). Params: `scale` (one per model, unset)."""
+
+    default_name = "passthrough"
+    max_models = 1
+    params = (Param("scale", None, "Multiply the tensor by this factor.", number(), per_model=True),)
+
+    def needs_gram(self, params: Mapping[str, Any]) -> bool:
+        return False
+
+    def coefficients(self, gram, weights, params):
+        scale = self.resolve(params)["scale"]
+        s = 1.0 if scale is None else _per_model(scale, 1, "scale", self.name)[0]
+        return torch.tensor([1.0 if s is None else float(s)], dtype=torch.float64)

@@ -1,15 +1,36 @@
-"""SLERP of two models (Shoemake 1985, "Animating rotation with quaternion curves", SIGGRAPH).
+"""Spherical interpolation of two models: SLERP (mergekit `slerp`) and NuSLERP (mergekit `nuslerp`).
 
-Semantics follow mergekit `merge_methods/slerp.py::slerp` (read, not copied): the angle comes from the normalised
-inputs, the coefficients are applied to the RAW inputs, and when `|cos Ω| > 0.9995` it falls back to linear
-interpolation. mergekit interpolates from its `base_model` (t = 0) to the other model (t = 1): the engine orders
-the two inputs so that input 0 is the base model of a mergekit recipe.
+SLERP follows mergekit 0.1.5 `merge_methods/slerp.py::slerp` (read, not copied): the angle comes from the
+normalised inputs, the coefficients are applied to the RAW inputs, and when `|cos Ω| > 0.9995` it falls back to
+linear interpolation. The base model is the t = 0 end: the engine orders the two inputs so that input 0 is the
+base of a mergekit recipe. `t` outside [0, 1] extrapolates and is refused unless `allow_extrapolation: true`.
+
+NuSLERP follows mergekit 0.1.5 `merge_methods/nuslerp.py`: two models (plus an optional base, whose task vectors
+are interpolated), `t = w_1 / (w_0 + w_1)` from the weights (0.5 when they cancel); with `nuslerp_flatten: true`
+(the default) one angle per tensor, otherwise one per row (`nuslerp_row_wise: false`, the vectors along the last
+dimension) or per column (`nuslerp_row_wise: true`); linear interpolation only for exactly colinear inputs
+(`1 − cos² ≤ 1e-16`).
+
+Paper: Shoemake 1985, "Animating rotation with quaternion curves" (SIGGRAPH); NuSLERP has no paper.
 """
 
 from __future__ import annotations
 
+import torch
+
 from hf_stable.merging.gram import slerp_coefficients
-from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
+
+from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, Param, boolean, number
+
+
+def _t_from_weights(weights, *, cancel_tol: float | None = None) -> float:
+    w = [float(x) for x in weights]
+    total = w[0] + w[1]
+    if cancel_tol is not None and abs(total) < cancel_tol:
+        return 0.5
+    if total == 0:
+        raise ValueError("slerp without `t` needs weights with a non-zero sum.")
+    return w[1] / total
 
 
 @MERGE_METHODS.register(
@@ -21,24 +42,138 @@ from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
 class SlerpMethod(GramMethod):
     """SLERP of exactly two inputs (Shoemake 1985).
 
-    Params: `t` (None → `w_1 / (w_0 + w_1)` from the per-model weights). Weights space only: as in mergekit, the
-    base model is one of the two endpoints (t = 0), so there is no task-vector variant here.
+    Params: `t` (None → `w_1 / (w_0 + w_1)` from the per-model weights), `allow_extrapolation` (false: `t` must lie
+    in [0, 1]). The base model is one of the two endpoints (t = 0); there is no task-vector variant (see nuslerp).
     """
 
     default_name = "slerp"
-    param_defaults = {"t": None}
+    base = "endpoint"
+    params = (
+        WEIGHT,
+        Param("t", None, "Interpolation position from the base (0) to the other model (1).", number()),
+        Param("allow_extrapolation", False, "Accept t outside [0, 1].", boolean),
+    )
     min_models = 2
     max_models = 2
 
+    def _t(self, weights, p) -> float:
+        return float(p["t"]) if p["t"] is not None else _t_from_weights(weights)
+
     def _validate(self, params, n_models, has_base):
-        if params["t"] is not None:
-            self._check_number(self.name, "t", params["t"])
+        t = params["t"]
+        if t is not None and not params["allow_extrapolation"] and not 0.0 <= t <= 1.0:
+            raise ValueError(
+                f"{self.where}: `t`={t} lies outside [0, 1] and would extrapolate beyond the two models; set "
+                "allow_extrapolation: true to do that on purpose."
+            )
+
+    def validate_weights(self, weights, params) -> None:
+        p = self.resolve(params)
+        if weights is None:
+            return
+        if p["t"] is not None:
+            raise ValueError(f"{self.where}: `weight` has no effect when `t` is given; give one of them.")
+        t = self._t(weights, p)
+        if not p["allow_extrapolation"] and not 0.0 <= t <= 1.0:
+            raise ValueError(
+                f"{self.where}: the weights {list(weights)} give t = {t:g}, outside [0, 1]; set "
+                "allow_extrapolation: true to extrapolate."
+            )
 
     def coefficients(self, gram, weights, params):
-        t = self.resolve(params)["t"]
-        if t is None:
-            w = [float(x) for x in weights]
-            if w[0] + w[1] == 0:
-                raise ValueError("slerp without `t` needs weights with a non-zero sum.")
-            t = w[1] / (w[0] + w[1])
-        return slerp_coefficients(gram, float(t))
+        return slerp_coefficients(gram, self._t(weights, self.resolve(params)))
+
+
+def nuslerp_coefficients(gram: torch.Tensor, t: float) -> torch.Tensor:
+    """`(..., 2)` float64 NuSLERP coefficients of the RAW vectors from `(..., 2, 2)` Gram matrices.
+
+    `cos = G01 / (max(r0, 1e-7) max(r1, 1e-7))` clipped to [-1, 1] (mergekit `_normalize` clamps norms at 1e-7);
+    colinear (`1 − cos² ≤ 1e-16`) → `(1 − t, t)`, else `(sin((1 − t)θ), sin(tθ)) / sin θ`.
+    """
+    g = torch.as_tensor(gram, dtype=torch.float64)
+    r0 = g[..., 0, 0].clamp_min(0).sqrt().clamp_min(1e-7)
+    r1 = g[..., 1, 1].clamp_min(0).sqrt().clamp_min(1e-7)
+    cos = (g[..., 0, 1] / (r0 * r1)).clamp(-1.0, 1.0)
+    colinear = (1 - cos * cos) <= 1e-16
+    theta = torch.acos(torch.where(colinear, torch.zeros_like(cos), cos))
+    sin = torch.sin(theta)
+    safe = torch.where(colinear, torch.ones_like(sin), sin)
+    c0 = torch.where(colinear, torch.full_like(cos, 1 - t), torch.sin((1 - t) * theta) / safe)
+    c1 = torch.where(colinear, torch.full_like(cos, t), torch.sin(t * theta) / safe)
+    return torch.stack([c0, c1], dim=-1)
+
+
+@MERGE_METHODS.register(
+    "nuslerp",
+    paper="NuSLERP (mergekit; no paper)",
+    url="https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md",
+    description="SLERP of two models (or their task vectors) with t from the weights; per tensor, row or column.",
+)
+class NuSlerpMethod(ElementwiseMethod, GramMethod):
+    """NuSLERP (mergekit): `t = w_1/(w_0 + w_1)`; task vectors when a base is given.
+
+    Params: `weight` (one per model), `nuslerp_flatten` (true: one angle per tensor), `nuslerp_row_wise` (false:
+    per row; true: per column; only without flattening).
+    """
+
+    kind = "elementwise"
+    default_name = "nuslerp"
+    base = "optional"
+    min_models = 2
+    max_models = 2
+    params = (
+        WEIGHT,
+        Param("nuslerp_flatten", True, "One angle per tensor (else per row or column).", boolean),
+        Param("nuslerp_row_wise", False, "Without flattening: one angle per column instead of per row.", boolean),
+    )
+
+    def kind_for(self, params) -> str:
+        return "gram" if self.resolve(params)["nuslerp_flatten"] else "elementwise"
+
+    def _validate(self, params, n_models, has_base):
+        if params["nuslerp_flatten"] and params["nuslerp_row_wise"]:
+            raise ValueError(
+                f"{self.where}: `nuslerp_row_wise` has no effect with `nuslerp_flatten`: true (one angle per tensor); "
+                "set nuslerp_flatten: false to interpolate per column."
+            )
+
+    def row_local_for(self, params) -> bool:
+        return not self.resolve(params)["nuslerp_flatten"]  # rows, or columns gathered row by row
+
+    def needs_sums(self, params) -> bool:
+        p = self.resolve(params)
+        return not p["nuslerp_flatten"] and bool(p["nuslerp_row_wise"])
+
+    def _t(self, weights) -> float:
+        return _t_from_weights(weights, cancel_tol=1e-6)
+
+    def coefficients(self, gram, weights, params):
+        return nuslerp_coefficients(gram, self._t(weights))
+
+    def new_sums(self, n_models):
+        return {}
+
+    def accumulate(self, sums, v, weights, params, *, row_len=None, shape=None, **kw):
+        if shape is not None and len(shape) <= 1:  # a vector has one "column" direction: the whole vector
+            row_len = 1
+        cols = v.to(torch.float64).reshape(2, -1, row_len)  # (2, rows, columns)
+        g = torch.einsum("irc,jrc->cij", cols, cols)  # (columns, 2, 2)
+        sums["gram"] = g if "gram" not in sums else sums["gram"].add_(g)
+
+    def combine(self, v, weights, params, *, thresholds=None, sums=None, row_len=None, shape=None, **kw):
+        t = self._t(weights)
+        n = v.shape[-1]
+        if sums and shape is not None and len(shape) <= 1:
+            row_len = 1
+        rows = v.reshape(2, -1, row_len or n)
+        if sums:  # per column: Gram over every row of the tensor
+            c = nuslerp_coefficients(sums["gram"], t).to(torch.float32)  # (columns, 2)
+            out = rows[0] * c[:, 0]
+            out.add_(rows[1] * c[:, 1])
+        else:  # per row
+            r64 = rows.to(torch.float64)
+            g = torch.einsum("irc,jrc->rij", r64, r64)
+            c = nuslerp_coefficients(g, t).to(torch.float32)  # (rows, 2)
+            out = rows[0] * c[:, :1]
+            out.add_(rows[1] * c[:, 1:])
+        return out.reshape(n)

@@ -1,8 +1,8 @@
 """Task arithmetic: `base + λ Σ_i w_i τ_i` with task vectors `τ_i = x_i − base`.
 
-Semantics follow mergekit `merge_methods/generalized_task_arithmetic.py::GTATask.execute` with no sparsification
-and no consensus (read, not copied): `normalize` (default false) divides by `Σ w_i` (left undivided when
-|Σ w_i| < 1e-8), then the sum is scaled by `lambda` (default 1).
+Semantics follow mergekit 0.1.5 `merge_methods/generalized_task_arithmetic.py` with no sparsification and no
+consensus (read, not copied): `normalize` (default false) divides by `Σ w_i` (left undivided when |Σ w_i| < 1e-8),
+then the sum is scaled by `lambda` (default 1).
 Paper: Ilharco et al. 2022, "Editing models with task arithmetic", arXiv 2212.04089.
 """
 
@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, boolean, number
 
 
 def task_arithmetic_coefficients(weights: torch.Tensor, lam: float = 1.0, normalize: bool = False) -> torch.Tensor:
@@ -26,24 +28,17 @@ def task_arithmetic_coefficients(weights: torch.Tensor, lam: float = 1.0, normal
     return lam * w
 
 
-@MERGE_METHODS.register(
-    "task_arithmetic",
-    paper="Ilharco et al. 2022, Editing models with task arithmetic (arXiv 2212.04089)",
-    url="https://arxiv.org/abs/2212.04089",
-    description="base + λ Σ w_i (x_i − base).",
-)
+@MERGE_METHODS.register("task_arithmetic", paper=PAPERS["task_arithmetic"], description="base + λ Σ w_i (x_i − base).")
 class TaskArithmeticMethod(GramMethod):
-    """Task arithmetic (Ilharco et al. 2022, arXiv 2212.04089). Params: `lambda` (1.0), `normalize` (false)."""
+    """Task arithmetic (Ilharco et al. 2022, arXiv 2212.04089). Params: `weight`, `lambda` (1), `normalize` (false)."""
 
     default_name = "task_arithmetic"
-    param_defaults = {"lambda": 1.0, "normalize": False}
-
-    def space(self, params, has_base):
-        return "task_vector"
-
-    def _validate(self, params, n_models, has_base):
-        self._check_number(self.name, "lambda", params["lambda"])
-        self._check_bool(self.name, "normalize", params["normalize"])
+    base = "task_vector"
+    params = (
+        WEIGHT,
+        Param("lambda", 1.0, "Scale of the summed task vectors.", number()),
+        Param("normalize", False, "Divide by the weight sum.", boolean),
+    )
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False

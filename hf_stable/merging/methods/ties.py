@@ -1,45 +1,68 @@
-"""TIES-merging and the shared sparsify → sign-consensus → disjoint-mean combine of the task-arithmetic family.
+"""The generalised task-arithmetic family: sparsify → (sign consensus) → weighted sum, and its magnitude methods.
 
-Semantics follow mergekit `merge_methods/generalized_task_arithmetic.py` (`GTATask.execute`, `get_mask`) and
-`sparsify.py::magnitude` (read, not copied), and agree with PEFT `utils/merge_utils.py::ties` when all weights are
-1 (PEFT elects the sign on unweighted deltas and divides by the count of agreeing models):
+Semantics follow mergekit 0.1.5 `merge_methods/generalized_task_arithmetic.py` (`GeneralizedTaskArithmeticMerge`,
+`get_mask`) and `sparsify.py` (`magnitude`, `magnitude_outliers`, `rescaled_masked_tensor`), read, not copied:
 
-1. trim: each task vector keeps its `density` fraction of largest-magnitude entries (`|τ_i| ≥ thr_i`, where
-   `thr_i` is the k-th largest |τ_i| over the whole tensor, `k = int(density_i · numel)`);
-2. elect: majority sign = sign of `Σ_i w_i τ̃_i` ("sum" consensus; 0 counts as +);
-3. disjoint merge: `Σ_i w_i τ̃_i [sign(w_i τ̃_i) = majority]`, divided (when `normalize`, default true) by
-   `Σ_i w_i [agree_i]` (1 where nothing agrees), then scaled by `lambda`.
+1. sparsify each task vector `τ_i = x_i − base` (this module: by magnitude; `dare.py`: at random);
+   with `rescale: true` the kept entries are scaled by `‖τ_i‖₁ / ‖kept τ_i‖₁` over the whole tensor (no rescale
+   when either norm is below 1e-7);
+2. weight: `w_i τ̃_i`;
+3. with sign consensus ("sum"): majority sign = sign of `Σ_i w_i τ̃_i` (0 counts as +); keep the entries whose sign
+   agrees (zeros never agree); the divisor is the weight sum of the agreeing models (1 where none agrees);
+   without consensus: a plain sum, divided (when `normalize`) by `Σ w_i` (left undivided when |Σ w_i| < 1e-8);
+4. `normalize` divides by the divisor, then `lambda` scales, and the base is added back by the engine.
 
-Paper: Yadav et al. 2023, "TIES-Merging: Resolving interference when merging models", arXiv 2306.01708.
+The arithmetic is elementwise except for the whole-tensor statistics (magnitude thresholds, L1 norms), which the
+engine gathers before the combine: any chunking gives bitwise the same output. Magnitude trimming keeps
+`|τ| ≥ k-th largest |τ|` (`k = max(1, int(density · numel))`, mergekit 0.1.5); mergekit keeps exactly k entries
+by argsort, which differs only where |τ| ties at the threshold.
+
+Papers: TIES — Yadav et al. 2023, arXiv 2306.01708; Model Breadcrumbs — Davari & Belilovsky 2023, arXiv 2312.06795.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from hf_stable.merging.methods.base import MERGE_METHODS, ElementwiseMethod, _per_model
+from hf_stable.papers import PAPERS
+
+from .base import (
+    MERGE_METHODS,
+    WEIGHT,
+    ElementwiseMethod,
+    Param,
+    _per_model,
+    boolean,
+    keep_count,
+    number,
+)
+
+
+L1_EPS = 1e-7  # mergekit `rescaled_masked_tensor`: no rescale when either L1 norm is below this
 
 
 def gta_combine(
-    v: torch.Tensor,
+    v: torch.Tensor | list[torch.Tensor],
     weights: torch.Tensor,
     *,
-    keep: list[torch.Tensor | None] | None = None,
-    rescale: list[float] | None = None,
+    divide: list[float] | None = None,
+    multiply: list[float] | None = None,
     consensus: bool = True,
     normalize: bool = True,
     lam: float = 1.0,
 ) -> torch.Tensor:
-    """Generalised task arithmetic on one tile, elementwise (any tiling gives bitwise the same result).
+    """Generalised task arithmetic on one chunk of sparsified task vectors, elementwise (any chunking gives bitwise
+    the same result).
 
     Args:
-        v: `(N, n)` float32 task vectors.
+        v: `(N, n)` float32 task vectors (or N `(n,)` tensors), dropped entries already zero (`sparsify`).
         weights: `(N,)` per-model weights.
-        keep: per model a `(n,)` bool mask of kept entries (None = keep all).
-        rescale: per model a divisor applied to kept entries (DARE: the keep probability), or None.
+        divide: per model a divisor applied to the kept entries (DARE's 1/density rescale), or None.
+        multiply: per model a factor applied to the kept entries (the L1 rescale), or None.
         consensus: TIES sign election + disjoint merge; otherwise a plain weighted sum.
         normalize: divide by the (agreeing) weight sum.
         lam: final scale λ.
@@ -47,34 +70,28 @@ def gta_combine(
     Returns:
         `(n,)` float32 merged task vector.
     """
-    v = v.float()
-    n_models = v.shape[0]
+    rows = [t.float() for t in v]
+    n_models = len(rows)
     w = [float(x) for x in torch.as_tensor(weights).reshape(-1).tolist()]
     if len(w) != n_models:
         raise ValueError(f"weights has {len(w)} entries for {n_models} models.")
     weighted = []
-    for i in range(n_models):
-        t = v[i]
-        if keep is not None and keep[i] is not None:
-            t = torch.where(keep[i], t, torch.zeros((), dtype=t.dtype))
-        if rescale is not None and rescale[i] != 1.0:
-            t = t / rescale[i]
-        weighted.append(t * w[i])
-    # Explicit left-to-right sums (not .sum(dim=0)) keep the rounding independent of the tile length.
+    for i, t in enumerate(rows):
+        if divide is not None and divide[i] != 1.0:
+            t = t / divide[i]
+        if multiply is not None and multiply[i] != 1.0:
+            t = t * multiply[i]
+        weighted.append(t * w[i] if w[i] != 1.0 else t)  # x · 1 = x exactly: the multiply is skipped
+    # Explicit left-to-right sums (not .sum(dim=0)) keep the rounding independent of the chunk length.
     if consensus:
         total = weighted[0].clone()
         for t in weighted[1:]:
             total.add_(t)
-        majority = torch.where(total >= 0, 1.0, -1.0)
-        mixed = torch.zeros_like(total)
-        divisor = torch.zeros_like(total)
+        majority = elect(total)
+        agreeing, divisor = torch.zeros_like(total), torch.zeros_like(total)
         for i, t in enumerate(weighted):
-            agree = torch.sign(t) == majority
-            mixed.add_(torch.where(agree, t, torch.zeros((), dtype=t.dtype)))
-            divisor.add_(agree.to(torch.float32) * w[i])
-        if normalize:
-            divisor = torch.where(divisor == 0, torch.ones((), dtype=divisor.dtype), divisor)
-            mixed = mixed / divisor
+            disjoint_add(agreeing, divisor, t, majority, w[i])
+        mixed = disjoint_mean(agreeing, divisor, majority, w) if normalize else agreeing.mul_(majority)
     else:
         mixed = weighted[0].clone()
         for t in weighted[1:]:
@@ -88,66 +105,239 @@ def gta_combine(
     return mixed
 
 
-def magnitude_keep(v: torch.Tensor, thresholds: torch.Tensor | None) -> list[torch.Tensor | None] | None:
-    """Per-model `|v_i| ≥ thr_i` masks (`v (N, n)`, `thresholds (N,)`); None entries keep all."""
-    if thresholds is None:
-        return None
-    thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
-    return [None if t <= 0.0 else v[i].abs() >= t for i, t in enumerate(thr)]
+# The election and the disjoint mean use float arithmetic instead of boolean masks (`torch.where`, `==`), which run
+# several times slower on CPU, with the same values:
+# * the agreeing entries of one position all have the majority sign m, so their sum is m · Σ|x| exactly (IEEE
+#   addition is symmetric in sign), and |x| where sign(x) = m is relu(x · m);
+# * a model agrees where relu(x · m) > 0, so its weight enters the divisor as sign(relu(x · m)) · w.
+def elect(total: torch.Tensor) -> torch.Tensor:
+    """TIES sign election: +1 where `Σ_i w_i τ̃_i ≥ 0`, else −1 ("sum" consensus; 0 counts as +).
+
+    `copysign(1, total)`: a sum is −0 only where every term is ±0, and there no model agrees whatever the sign.
+    """
+    return torch.copysign(torch.ones((), dtype=total.dtype), total)
+
+
+def disjoint_add(agreeing: torch.Tensor, divisor: torch.Tensor, weighted: torch.Tensor, majority, w: float) -> None:
+    """Add one model's |w_i τ̃_i| where its sign is the majority's (zeros never agree) to `agreeing`, and `w_i` there
+    to `divisor`."""
+    r = (weighted * majority).clamp_(min=0)
+    agreeing.add_(r)
+    agree = torch.sign(r)
+    divisor.add_(agree if w == 1.0 else agree.mul_(w))
+
+
+def disjoint_mean(agreeing: torch.Tensor, divisor: torch.Tensor, majority, weights=None) -> torch.Tensor:
+    """`majority · agreeing / divisor`, with 1 where no model agrees (`agreeing` is 0 there).
+
+    With positive weights the divisor is 0 or at least the smallest weight, so raising it to that weight changes only
+    the zeros; otherwise `divisor + (1 − sign|divisor|)` adds exactly 0 where it is not 0.
+    """
+    if weights is not None and all(x > 0 for x in weights):
+        divisor = divisor.clamp_(min=min(weights))
+    else:
+        divisor = divisor.add(torch.sign(divisor.abs()).neg_().add_(1))
+    return agreeing.mul_(majority).div_(divisor)
+
+
+def previous_float(x: float) -> float:
+    """The largest float32 below `x` (`|t| > previous_float(x)` ⟺ `|t| ≥ x` for float32 t)."""
+    return float(torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(-math.inf)))
+
+
+def keep_at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
+    """`t` with the entries whose |t| is below `threshold` set to +0: one `hardshrink` at the float32 just below it."""
+    if threshold <= 0:
+        return t
+    return torch.nn.functional.hardshrink(t, previous_float(threshold)) if math.isfinite(threshold) else t * 0.0
+
+
+def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
+    """`tau` (any shape) with its entries below the k-th largest |τ| zeroed, `k = keep_count(density, numel)`:
+    the magnitude trimming of `ties` on a whole tensor."""
+    if density >= 1:
+        return tau
+    from hf_stable.merging.quantile import kth_largest_abs_tensor
+
+    return keep_at_least(tau.float(), kth_largest_abs_tensor(tau, keep_count(density, tau.numel())))
+
+
+def l1_factors(sums: list[tuple[float, float]] | None, n_models: int) -> list[float]:
+    """`‖τ_i‖₁ / ‖kept τ_i‖₁` per model (1 where either norm is below `L1_EPS`)."""
+    if sums is None:
+        return [1.0] * n_models
+    return [before / after if before >= L1_EPS and after >= L1_EPS else 1.0 for before, after in sums]
 
 
 class GeneralizedTaskArithmetic(ElementwiseMethod):
-    """Shared parameters and validation of TIES/DARE (mergekit `GeneralizedTaskArithmeticMerge`)."""
+    """Shared parameters, sums and combine of the sparsified task-arithmetic methods (mergekit GTA merges).
+
+    Subclasses set `consensus` (sign election) and implement `sparsify` (per model the kept entries of a chunk).
+    """
 
     consensus = True
-    param_defaults = {"density": 1.0, "lambda": 1.0, "normalize": True}
+    base = "task_vector"
+    default_normalize = True
+    default_rescale = False
+    params = (
+        WEIGHT,
+        Param("density", 1.0, "Fraction of each task vector kept.", number(low=0, high=1, low_open=True), True),
+        Param("lambda", 1.0, "Scale of the merged task vector.", number()),
+        Param("normalize", True, "Divide by the (agreeing) weight sum.", boolean),
+        Param("rescale", False, "Rescale kept entries to the task vector's L1 norm (mergekit 0.1.5).", boolean),
+        Param("int8_mask", False, "mergekit's int8 sign mask (a memory option; no effect here).", boolean),
+    )
 
-    def space(self, params, has_base):
-        return "task_vector"
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # The defaults of `normalize`/`rescale` differ per method (mergekit's registry entries).
+        cls.params = tuple(
+            Param(p.name, cls.default_normalize, p.help, p.check, p.per_model)
+            if p.name == "normalize"
+            else Param(p.name, cls.default_rescale, p.help, p.check, p.per_model)
+            if p.name == "rescale"
+            else p
+            for p in cls.params
+        )
 
-    def _validate(self, params, n_models, has_base):
-        for d in _per_model(params["density"], n_models, "density", self.name):
-            self._check_number(self.name, "density", d, low=0.0, high=1.0, low_open=True)
-        self._check_number(self.name, "lambda", params["lambda"])
-        self._check_bool(self.name, "normalize", params["normalize"])
-        if "rescale" in params:
-            self._check_bool(self.name, "rescale", params["rescale"])
+    def densities(self, params: Mapping[str, Any], n_models: int) -> tuple[float, ...] | None:
+        d = _per_model(self.resolve(params)["density"], n_models, "density", self.name)
+        return None if all(x >= 1 for x in d) else d
+
+    def needs_sums(self, params: Mapping[str, Any]) -> bool:
+        p = self.resolve(params)
+        d = p["density"]
+        sparse = any(x < 1 for x in (d if isinstance(d, (list, tuple)) else [d]))
+        return bool(p["rescale"]) and p.get("rescale_norm", "l1") == "l1" and sparse
+
+    def new_sums(self, n_models: int) -> list[list[float]]:
+        return [[0.0, 0.0] for _ in range(n_models)]
+
+    def sparsify(self, v, params, **kw) -> list[torch.Tensor | None]:
+        """Per model the chunk's task vector with the dropped entries zeroed (None: the model keeps everything);
+        `kw` are `combine`'s keywords."""
+        raise NotImplementedError
+
+    def accumulate(self, sums, v, weights, params, **kw):
+        kept = self.sparsify(v, self.resolve(params), **kw)
+        for i in range(v.shape[0]):
+            whole = float(v[i].abs().sum(dtype=torch.float64))
+            sums[i][0] += whole
+            sums[i][1] += whole if kept[i] is None else float(kept[i].abs().sum(dtype=torch.float64))
+
+    def combine(self, v, weights, params, *, sums=None, **kw):
+        p = self.resolve(params)
+        n_models = v.shape[0]
+        sparse = self.sparsify(v, p, **kw)
+        kept = [v[i] if k is None else k for i, k in enumerate(sparse)]
+        divide = multiply = None
+        if p["rescale"] and any(k is not None for k in sparse):
+            if p.get("rescale_norm", "l1") == "inverse_density":
+                divide = list(_per_model(p["density"], n_models, "density", self.name))
+            else:
+                if sums is None:
+                    raise ValueError(f"{self.where}: rescale needs the whole-tensor L1 norms (sums=None)")
+                multiply = l1_factors(sums, n_models)
+        return gta_combine(
+            kept,
+            weights,
+            divide=divide,
+            multiply=multiply,
+            consensus=self.consensus,
+            normalize=bool(p["normalize"]),
+            lam=float(p["lambda"]),
+        )
+
+
+class _MagnitudeMethod(GeneralizedTaskArithmetic):
+    """Keep the `density` fraction of largest-|τ| entries per model (mergekit `sparsify.magnitude`)."""
+
+    def ranks(self, params, n_models, numel):
+        d = self.densities(params, n_models)
+        return None if d is None else [(keep_count(x, numel),) for x in d]
+
+    def sparsify(self, v, params, *, thresholds=None, **kw):
+        if thresholds is None:
+            return [None] * v.shape[0]
+        thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
+        return [None if t <= 0 else keep_at_least(v[i], t) for i, t in enumerate(thr)]
 
 
 @MERGE_METHODS.register(
     "ties",
-    paper="Yadav et al. 2023, TIES-Merging (arXiv 2306.01708)",
-    url="https://arxiv.org/abs/2306.01708",
+    paper=PAPERS["ties"],
     description="Trim to density by magnitude, elect sign (sum), disjoint weighted mean of task vectors.",
 )
-class TiesMethod(GeneralizedTaskArithmetic):
+class TiesMethod(_MagnitudeMethod):
     """TIES-merging (Yadav et al. 2023, arXiv 2306.01708).
 
-    Params: `density` (1.0; scalar or one per model), `lambda` (1.0), `normalize` (true). The engine supplies
-    `thresholds[i]` = k-th largest |τ_i| over the whole tensor, `k = keep_count(density_i, numel)`.
+    Params: `weight` and `density` (one per model), `lambda`, `normalize` (true), `rescale` (false; true scales the
+    kept entries to the task vector's L1 norm), `int8_mask`.
     """
 
     default_name = "ties"
-    param_defaults = {"density": 1.0, "lambda": 1.0, "normalize": True, "rescale": False}
 
-    def _validate(self, params, n_models, has_base):
-        super()._validate(params, n_models, has_base)
-        if params["rescale"]:
-            raise ValueError(
-                "merge_method 'ties': parameter 'rescale' must be false (magnitude trimming is not rescaled)."
-            )
 
-    def density(self, params: Mapping[str, Any]):
-        d = self.resolve(params)["density"]
-        return tuple(float(x) for x in d) if isinstance(d, (list, tuple)) else float(d)
+class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
+    """Drop the `gamma` fraction of largest-|τ| outliers and the smallest entries, keeping `density` of them
+    (mergekit `sparsify.magnitude_outliers`): with `n_top = int(γ n)`, `k = int(d n)` and
+    `n_bot = max(0, n − k − n_top)`, the entries of ascending |τ| rank `[n_bot, n_bot + k)` are kept."""
 
-    def combine(self, v, weights, params, *, thresholds, tensor_name, offset, seed):
+    default_normalize = False
+    params = (
+        *GeneralizedTaskArithmetic.params,
+        Param("gamma", 0.01, "Fraction of largest-|τ| outliers removed.", number(low=0, high=1), True),
+    )
+
+    def ranks(self, params, n_models, numel):
         p = self.resolve(params)
-        return gta_combine(
-            v,
-            weights,
-            keep=magnitude_keep(v, thresholds),
-            consensus=True,
-            normalize=bool(p["normalize"]),
-            lam=float(p["lambda"]),
-        )
+        dens = _per_model(p["density"], n_models, "density", self.name)
+        gammas = _per_model(p["gamma"], n_models, "gamma", self.name)
+        if all(d >= 1 for d in dens):
+            return None
+        out = []
+        for d, g in zip(dens, gammas, strict=True):
+            if d >= 1:
+                out.append((0, numel))  # keep all: no upper cut, lowest rank
+                continue
+            k, n_top = int(d * numel), int(g * numel)
+            top_cut = numel - max(0, numel - k - n_top) - k  # largest entries dropped
+            out.append((top_cut, top_cut + k))
+        return out
+
+    def sparsify(self, v, params, *, thresholds=None, **kw):
+        if thresholds is None:
+            return [None] * v.shape[0]
+        thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(v.shape[0], 2).tolist()
+        out = []
+        for i, (hi, lo) in enumerate(thr):
+            low = keep_at_least(v[i], lo)
+            out.append(low - keep_at_least(low, hi) if math.isfinite(hi) else low)  # x − x = +0 above hi
+        return out
+
+
+@MERGE_METHODS.register(
+    "breadcrumbs",
+    paper=PAPERS["breadcrumbs"],
+    description="Drop the largest outliers (gamma) and the smallest entries (keep density), weighted sum.",
+)
+class BreadcrumbsMethod(_BreadcrumbsMethod):
+    """Model Breadcrumbs (Davari & Belilovsky 2023, arXiv 2312.06795): magnitude-outlier masks, no sign consensus.
+
+    Params: `weight`, `density`, `gamma` (0.01; one per model), `lambda`, `normalize` (false), `rescale` (false).
+    """
+
+    default_name = "breadcrumbs"
+    consensus = False
+
+
+@MERGE_METHODS.register(
+    "breadcrumbs_ties",
+    paper=PAPERS["breadcrumbs"],
+    description="Model Breadcrumbs masks with TIES sign consensus.",
+)
+class BreadcrumbsTiesMethod(_BreadcrumbsMethod):
+    """Model Breadcrumbs masks + TIES sign election (arXiv 2312.06795, arXiv 2306.01708)."""
+
+    default_name = "breadcrumbs_ties"
+    consensus = True

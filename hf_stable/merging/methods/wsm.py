@@ -1,7 +1,7 @@
 """WSM (Warmup-Stable and Merge): a weighted average of ordered checkpoints that emulates an LR decay.
 
 Coefficients `c_0 … c_k` over the N = k+1 checkpoints (oldest first) come from the decay schedule via
-`hf_stable.merging.wsm.wsm_weights(schedule, k, quadrature, floor)` (spec `merging.md` §4.1–4.2).
+`hf_stable.merging.wsm.wsm_weights(schedule, k, quadrature, floor)` (docs/merging.md, "WSM").
 Paper: WSM, arXiv 2507.17634.
 """
 
@@ -12,14 +12,16 @@ from typing import Any
 
 import torch
 
-from hf_stable.merging.methods.base import MERGE_METHODS, GramMethod
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, GramMethod, Param, number
 
 
 def wsm_coefficients(n_models: int, schedule: Any = "1-sqrt", quadrature: str = "mid", floor: float = 0.0):
     """`(N,)` float64 merge weights of N ordered checkpoints (N = 1 → `[1]`)."""
     if n_models == 1:
         return torch.ones(1, dtype=torch.float64)
-    from hf_stable.merging.wsm import wsm_weights  # owned by another module; imported on use
+    from hf_stable.merging.wsm import wsm_weights
 
     _, c = wsm_weights(schedule, n_models - 1, quadrature=quadrature, floor=floor)
     c = torch.as_tensor(list(c), dtype=torch.float64)
@@ -28,27 +30,43 @@ def wsm_coefficients(n_models: int, schedule: Any = "1-sqrt", quadrature: str = 
     return c
 
 
+def _schedule_check(name, value, where=None):
+    try:
+        wsm_coefficients(3, value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: `{name}`={value!r}: {err}") from None
+
+
+def _quadrature_check(name, value, where=None):
+    try:
+        wsm_coefficients(3, quadrature=value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: `{name}`={value!r}: {err}") from None
+
+
 @MERGE_METHODS.register(
     "wsm",
-    paper="WSM: Warmup-Stable and Merge (arXiv 2507.17634)",
-    url="https://arxiv.org/abs/2507.17634",
+    paper=PAPERS["wsm"],
     description="Checkpoint merge Σ c_j θ_j emulating an LR decay schedule (checkpoints ordered oldest first).",
 )
 class WSMMethod(GramMethod):
     """WSM checkpoint merge (arXiv 2507.17634). Params: `schedule` ("1-sqrt"), `quadrature` ("mid"), `floor` (0).
 
-    Per-model weights are ignored: the schedule sets the coefficients.
+    The schedule sets the coefficients: per-model weights are refused.
     """
 
     default_name = "wsm"
-    param_defaults = {"schedule": "1-sqrt", "quadrature": "mid", "floor": 0.0}
+    params = (
+        Param("schedule", "1-sqrt", "Decay curve emulated by the merge.", _schedule_check),
+        Param("quadrature", "mid", "Where each interval samples the curve.", _quadrature_check),
+        Param("floor", 0.0, "Lowest relative learning rate of the curve.", number(low=0, high=1)),
+    )
 
     def _validate(self, params, n_models, has_base):
-        self._check_number(self.name, "floor", params["floor"], low=0.0, high=1.0)
         try:
             wsm_coefficients(max(n_models, 2), params["schedule"], params["quadrature"], params["floor"])
         except (ValueError, TypeError) as err:
-            raise ValueError(f"merge_method 'wsm': {err}") from err
+            raise ValueError(f"{self.where}: {err}") from err
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False

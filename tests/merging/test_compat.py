@@ -1,8 +1,6 @@
-"""Tests of the merge planner (`hf_stable.merging.plan`, spec §8.2): sizes, tiles, order, compatibility."""
+"""Compatibility checks from headers and byte sizes (`hf_stable.merging.compat`)."""
 
-import itertools
 import json
-import math
 import subprocess
 import sys
 
@@ -10,17 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hf_stable.merging.io.header import ModelCheckpoint, TensorInfo
+from hf_stable.merging.compat import check_compatible, check_equal_nonfloat, check_sources, parse_size
+from hf_stable.merging.io.header import ModelCheckpoint
 from hf_stable.merging.io.reader import SafetensorsReader
-from hf_stable.merging.plan import (
-    COMPUTE_ITEMSIZE,
-    PIPELINE_FACTOR,
-    check_compatible,
-    check_equal_nonfloat,
-    order_by_offset,
-    parse_size,
-    plan_tiles,
-)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,69 +53,6 @@ def test_parse_size_bare_unit_hint():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# plan_tiles
-
-
-def _info(shape, dtype="BF16", name="t"):
-    n = math.prod(shape) * {"BF16": 2, "F32": 4}[dtype]
-    return TensorInfo(name, dtype, tuple(shape), "f", 0, n)
-
-
-def _tile_bytes(info, n_inputs, rows):
-    return n_inputs * rows * info.row_numel * COMPUTE_ITEMSIZE * PIPELINE_FACTOR
-
-
-@pytest.mark.parametrize("shape", [(1000, 64), (7, 3), (1, 5), (513,), (), (100, 4, 4)])
-@pytest.mark.parametrize("n_inputs", [1, 3, 8])
-@pytest.mark.parametrize("budget", [2**20, 50_000, 8192])
-def test_plan_tiles_cover_and_fit(shape, n_inputs, budget):
-    info = _info(shape)
-    overhead = 1000
-    try:
-        tiles = plan_tiles(info, n_inputs, budget, fixed_overhead=overhead)
-    except ValueError as err:
-        # Only allowed when one row does not fit.
-        assert overhead + _tile_bytes(info, n_inputs, 1) > budget
-        assert repr(info.name) in str(err)
-        return
-    # Contiguous cover of [0, n_rows), each tile non-empty and within budget.
-    assert tiles[0][0] == 0 and tiles[-1][1] == info.n_rows
-    assert all(a < b for a, b in tiles)
-    assert all(b == c for (_, b), (c, _) in itertools.pairwise(tiles))
-    for a, b in tiles:
-        assert overhead + _tile_bytes(info, n_inputs, b - a) <= budget
-    # Fewest tiles: the largest tile that fits, times (count − 1), would not cover the rows.
-    max_rows = (budget - overhead) // _tile_bytes(info, n_inputs, 1)
-    assert len(tiles) == math.ceil(info.n_rows / max_rows)
-    sizes = [b - a for a, b in tiles]
-    assert max(sizes) - min(sizes) <= 1  # balanced
-
-
-def test_plan_tiles_whole_tensor_when_it_fits():
-    info = _info((10, 4), "F32")
-    assert plan_tiles(info, 2, "1MB") == [(0, 10)]
-    assert plan_tiles(info, 2, _tile_bytes(info, 2, 10)) == [(0, 10)]  # exactly at the limit
-    assert plan_tiles(info, 2, _tile_bytes(info, 2, 10) - 1) == [(0, 5), (5, 10)]
-
-
-def test_plan_tiles_row_too_big_names_tensor_and_minimum():
-    info = _info((4, 1024), name="model.embed_tokens.weight")
-    need = 3 * 1024 * 4 * PIPELINE_FACTOR + 100
-    with pytest.raises(ValueError, match=rf"'model\.embed_tokens\.weight'.*at least {need} bytes"):
-        plan_tiles(info, 3, need - 1, fixed_overhead=100)
-    assert plan_tiles(info, 3, need, fixed_overhead=100) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-
-
-def test_plan_tiles_edge_cases():
-    assert plan_tiles(_info(()), 4, 10**6) == [(0, 1)]  # 0-d: one row
-    assert plan_tiles(_info((0, 8)), 4, 1) == [(0, 0)]  # no elements: one empty tile whatever the budget
-    with pytest.raises(ValueError, match="n_inputs"):
-        plan_tiles(_info((4,)), 0, 10**6)
-    with pytest.raises(ValueError, match="'lots'"):
-        plan_tiles(_info((4,)), 1, "lots")
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # checkpoints for the compatibility tests
 
 
@@ -156,22 +83,6 @@ def _model(seed=0, dtype=torch.float32):
         "model.mask": torch.tensor([True, False, True]),
         "lm_head.weight": torch.randn(10, 4, generator=g).to(dtype),
     }
-
-
-def test_order_by_offset_sharded(tmp_path):
-    tensors = _model()
-    names = list(tensors)
-    ckpt = _save(tmp_path / "m", tensors, shards=[names[3:], names[:3]])
-    order = order_by_offset(list(reversed(names)), ckpt)
-    # Shard files sort by name: shard 1 holds names[3:], shard 2 names[:3]; within a file, by byte offset.
-    per_file = [[n for n in order if ckpt.tensors[n].file == f] for f in ckpt.files]
-    assert [n for group in per_file for n in group] == order
-    for group in per_file:
-        offsets = [ckpt.tensors[n].offset for n in group]
-        assert offsets == sorted(offsets)
-    assert set(order[:3]) == set(names[3:])
-    with pytest.raises(ValueError, match="'nope'"):
-        order_by_offset(["nope"], ckpt)
 
 
 def test_check_compatible_ok(tmp_path):
@@ -262,7 +173,20 @@ def test_check_equal_nonfloat(tmp_path):
             r.close()
 
 
-def test_plan_imports_no_torch():
-    code = "import sys, hf_stable.merging.plan, hf_stable.merging.io.header; print('torch' in sys.modules)"
+def test_check_sources_names_the_output_and_both_models(tmp_path):
+    a = _save(tmp_path / "a", _model(0))
+    t = _model(1)
+    t["model.layers.0.mlp.weight"] = torch.randn(6, 5)
+    b = _save(tmp_path / "b", t)
+    ckpts = {"a": a, "b": b}
+    check_sources({"x": [("a", "model.layers.0.norm.weight"), ("b", "model.layers.0.norm.weight")]}, ckpts)
+    with pytest.raises(ValueError, match=r"output tensor 'y': shape \[6, 4\] .* in 'a' but \[6, 5\] .* in 'b'"):
+        check_sources({"y": [("a", "model.layers.0.mlp.weight"), ("b", "model.layers.0.mlp.weight")]}, ckpts)
+    with pytest.raises(ValueError, match=r"output tensor 'z': model 'b' has no tensor 'model.layers.7.w'"):
+        check_sources({"z": [("a", "model.mask"), ("b", "model.layers.7.w")]}, ckpts)
+
+
+def test_compat_imports_no_torch():
+    code = "import sys, hf_stable.merging.compat, hf_stable.merging.io.header; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,0 +1,64 @@
+"""Model Stock: move from the base towards the average of the fine-tunes by a factor set by their angle.
+
+Semantics follow mergekit 0.1.5 `merge_methods/model_stock.py` (read, not copied): with task vectors
+`τ_i = x_i − base`, `cos θ` is the mean over pairs i < j of `<τ_i, τ_j> / max(‖τ_i‖ ‖τ_j‖, 1e-6)` (clipped to
+[-1, 1]), `t = N cos θ / (1 + (N − 1) cos θ)` (0 where the denominator is below 1e-6), and the output is
+`t · mean(x_i) + (1 − t) · base = base + (t / N) Σ_i τ_i`. One angle per tensor, or per row (`filter_wise: true`;
+a vector is one row).
+
+Paper: Jang, Yun, Han 2024, "Model Stock: All we need is just a few fine-tuned models", arXiv 2403.19522.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_stable.papers import PAPERS
+
+from .base import MERGE_METHODS, ElementwiseMethod, GramMethod, Param, boolean
+
+
+def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
+    """`(..., N)` float64 coefficients `t/N` of the task vectors from `(..., N, N)` Gram matrices (N ≥ 2)."""
+    g = torch.as_tensor(gram, dtype=torch.float64)
+    n = g.shape[-1]
+    r = torch.diagonal(g, dim1=-2, dim2=-1).clamp_min(0).sqrt()
+    i, j = torch.triu_indices(n, n, offset=1)
+    cos = (g[..., i, j] / (r[..., i] * r[..., j]).clamp_min(1e-6)).clamp(-1.0, 1.0).mean(-1)
+    den = 1 + (n - 1) * cos
+    t = torch.where(den.abs() < 1e-6, torch.zeros_like(cos), n * cos / torch.where(den.abs() < 1e-6, 1.0, den))
+    return (t / n).unsqueeze(-1).expand(*t.shape, n)
+
+
+@MERGE_METHODS.register(
+    "model_stock",
+    paper=PAPERS["model_stock"],
+    description="base + t·mean(τ_i) with t from the mean pairwise angle of the task vectors.",
+)
+class ModelStockMethod(ElementwiseMethod, GramMethod):
+    """Model Stock (Jang, Yun, Han 2024, arXiv 2403.19522). Params: `filter_wise` (false: one angle per tensor)."""
+
+    kind = "elementwise"
+    default_name = "model_stock"
+    base = "task_vector"
+    min_models = 2
+    params = (Param("filter_wise", False, "One angle per row instead of per tensor.", boolean),)
+
+    def kind_for(self, params) -> str:
+        return "elementwise" if self.resolve(params)["filter_wise"] else "gram"
+
+    def row_local_for(self, params) -> bool:
+        return bool(self.resolve(params)["filter_wise"])
+
+    def coefficients(self, gram, weights, params):
+        return model_stock_coefficients(gram)
+
+    def combine(self, v, weights, params, *, thresholds=None, sums=None, row_len=None, shape=None, **kw):
+        n_models, n = v.shape
+        rows = v.reshape(n_models, -1, row_len or n)
+        r64 = rows.to(torch.float64)
+        c = model_stock_coefficients(torch.einsum("irc,jrc->rij", r64, r64)).to(torch.float32)  # (rows, N)
+        out = rows[0] * c[:, :1]
+        for i in range(1, n_models):
+            out.add_(rows[i] * c[:, i : i + 1])
+        return out.reshape(n)

@@ -1,0 +1,135 @@
+"""Tiny synthetic Llama checkpoints for the mergekit parity suite, built with torch and safetensors only (no
+transformers), so the fixture script (mergekit's venv) and the tests (hf_stable's venv) build the same bytes.
+
+Two families: 40-layer models standing for the 13B models of mergekit's example recipes (whose `layer_range`s span
+40 layers), 4-layer ones for the 7B examples and the method recipes. Weights are
+float32 draws (no ties in |τ|, so magnitude thresholds and mergekit's argsort keep the same entries); each
+fine-tune is its base plus a 30% relative perturbation per tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = 8, 16, 2, 1, 16
+
+# Checkpoint folders: (layers, seed); seed 0 is the family's base.
+FOLDERS = {
+    "base40": (40, 0),
+    "orca40": (40, 1),
+    "platypus40": (40, 2),
+    "wizardlm40": (40, 3),
+    "wizardmath40": (40, 4),
+    "base": (4, 0),
+    "orca": (4, 1),
+    "wizardlm": (4, 2),
+    "platypus": (4, 3),
+    "wizardmath": (4, 4),
+    "mistral-instruct": (4, 5),
+    "biomistral": (4, 6),
+}
+# Model names of mergekit's example recipes → folder (the 13B names are 40-layer models, as in the examples).
+NAMES = {
+    "TheBloke/Llama-2-13B-fp16": "base40",
+    "psmathur/orca_mini_v3_13b": "orca40",
+    "garage-bAInd/Platypus2-13B": "platypus40",
+    "WizardLM/WizardLM-13B-V1.2": "wizardlm40",
+    "WizardLM/WizardMath-13B-V1.0": "wizardmath40",
+    "mistralai/Mistral-7B-v0.1": "base",
+    "mistralai/Mistral-7B-Instruct-v0.2": "mistral-instruct",
+    "BioMistral/BioMistral-7B": "biomistral",
+    "model_a": "wizardmath",
+    "model_b": "mistral-instruct",
+    **{name: name for name in FOLDERS},
+}
+
+
+def config(layers: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HIDDEN // HEADS,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+def shapes(layers: int) -> dict[str, tuple[int, ...]]:
+    h, i, d = HIDDEN, INTERMEDIATE, HIDDEN // HEADS
+    out = {"model.embed_tokens.weight": (VOCAB, h)}
+    for n in range(layers):
+        p = f"model.layers.{n}."
+        out.update({
+            p + "self_attn.q_proj.weight": (HEADS * d, h), p + "self_attn.k_proj.weight": (KV_HEADS * d, h),
+            p + "self_attn.v_proj.weight": (KV_HEADS * d, h), p + "self_attn.o_proj.weight": (h, HEADS * d),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+        })  # fmt: skip
+    out.update({"model.norm.weight": (h,), "lm_head.weight": (VOCAB, h)})
+    return out
+
+
+def weights(layers: int, seed: int) -> dict[str, torch.Tensor]:
+    """The base of a family (seed 0) or a fine-tune of it (base + 30% relative noise per tensor)."""
+    gen = torch.Generator().manual_seed(1000 * layers)
+    base = {name: torch.randn(shape, generator=gen) for name, shape in shapes(layers).items()}
+    if seed == 0:
+        return base
+    gen = torch.Generator().manual_seed(1000 * layers + seed)
+    out = {}
+    for name, b in base.items():
+        noise = torch.randn(b.shape, generator=gen)
+        out[name] = b + 0.3 * (b.norm() / noise.norm()) * noise
+    return out
+
+
+def build(root: str | Path) -> dict[str, str]:
+    """Write every checkpoint under `root` (once); returns `{name used in a recipe: folder}`."""
+    root = Path(root)
+    for folder, (layers, seed) in FOLDERS.items():
+        path = root / folder
+        if not (path / "model.safetensors").exists():
+            path.mkdir(parents=True, exist_ok=True)
+            save_file(weights(layers, seed), str(path / "model.safetensors"), metadata={"format": "pt"})
+            (path / "config.json").write_text(json.dumps(config(layers), indent=1))
+    return {name: str(root / folder) for name, folder in NAMES.items()}
+
+
+def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
+    """A recipe as both tools run it in the parity suite: model names → local folders, and a 16-bit `dtype` (which
+    is mergekit's compute dtype) turned into `dtype: float32` + `out_dtype: <it>`, because hf_stable always computes
+    in float32. So the arithmetic compared is float32 on both sides, rounded once to the recipe's dtype."""
+    import copy
+
+    recipe = copy.deepcopy(recipe)
+
+    def local(entry):
+        if isinstance(entry, dict):
+            return {**entry, "model": folders[entry["model"]]}
+        return folders[entry]
+
+    if recipe.get("base_model"):
+        recipe["base_model"] = folders[recipe["base_model"]]
+    if recipe.get("models"):
+        recipe["models"] = [local(m) for m in recipe["models"]]
+    for sl in recipe.get("slices") or []:
+        sl["sources"] = [local(s) for s in sl["sources"]]
+    if recipe.get("dtype") in ("float16", "bfloat16") and "out_dtype" not in recipe:
+        recipe["out_dtype"], recipe["dtype"] = recipe["dtype"], "float32"
+    return recipe
