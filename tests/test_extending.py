@@ -15,11 +15,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _blocks() -> dict[str, str]:
-    """The page's python blocks, keyed by the file named on their first line (`# path`)."""
+def _blocks(section: str = "A GRPO advantage estimator") -> dict[str, str]:
+    """The python blocks of one `## section` of the page, keyed by the file named on their first line (`# path`)."""
     text = (ROOT / "docs" / "extending.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     blocks = {}
-    for code in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+    for code in re.findall(r"```python\n(.*?)```", body, flags=re.S):
         first, _, rest = code.partition("\n")
         if first.startswith("# ") and first[2:].strip().endswith(".py"):
             blocks[first[2:].strip()] = rest
@@ -79,7 +80,7 @@ def test_toy_estimator_of_the_page_trains_one_step(tmp_path):
 
 
 def test_page_names_the_unlearning_files_it_adds_to():
-    blocks = _blocks()
+    blocks = _blocks("An unlearning loss")
     for path in (
         "hf_stable/losses/unlearning.py",
         "hf_stable/trainers/unlearning/methods.py",
@@ -92,7 +93,7 @@ def test_page_names_the_unlearning_files_it_adds_to():
 def test_unlearning_loss_of_the_page_trains_one_step(tmp_path):
     """The unlearning example: the loss and its method are declared before `UnlearningConfig` is built, the
     config validates the new field by name, and the page's test (GA equivalence at floor 0) passes."""
-    blocks = _blocks()
+    blocks = _blocks("An unlearning loss")
     script = textwrap.dedent(
         """
         from pathlib import Path
@@ -128,3 +129,36 @@ def test_unlearning_loss_of_the_page_trains_one_step(tmp_path):
         [sys.executable, "-c", header + script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]
+
+
+def test_page_names_the_merge_files_it_adds_to():
+    blocks = _blocks("A merge method")
+    paths = ("hf_stable/papers.py", "hf_stable/merging/methods/task_arithmetic.py", "tests/merging/test_methods.py")
+    for path in paths:
+        assert path in blocks and (ROOT / path).is_file(), path
+
+
+def test_merge_method_of_the_page_merges(tmp_path, monkeypatch):
+    """The merge example: the paper and the method class are declared as written, a bad parameter is refused by
+    name, and the page's test (hand-worked case, float64 reference, engine = in-memory reference) passes."""
+    import hf_stable.merging.methods.task_arithmetic as module
+    import hf_stable.papers as papers
+    from hf_stable.merging.methods.base import MERGE_METHODS
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "merging"))  # the page's test imports `merge_helpers`
+    blocks = _blocks("A merge method")
+    paper = eval(blocks["hf_stable/papers.py"].strip(), vars(papers))
+    namespace = dict(vars(module))
+    try:
+        papers.PAPERS[paper.key] = paper
+        exec(blocks["hf_stable/merging/methods/task_arithmetic.py"], namespace)
+        from hf_stable.merging import MergeConfig
+
+        with pytest.raises(ValueError, match="`k`"):
+            MergeConfig.build("consensus_ta", ["a", "b"], base_model="c", parameters={"k": -1}).validate()
+        test = {}
+        exec(blocks["tests/merging/test_methods.py"], test)
+        test["test_consensus_ta_keeps_the_entries_k_models_need"](tmp_path)
+    finally:
+        MERGE_METHODS._methods.pop("consensus_ta", None)
+        papers.PAPERS.pop(paper.key, None)
