@@ -149,12 +149,17 @@ class GuardPolicy:
             return "nonfinite"
         return "loss" if loss_spike else "grad" if grad_spike else None
 
-    def _cooldown(self) -> float:
+    def peek_cooldown(self) -> float:
+        """The LR multiplier of the next update, without consuming it."""
         if self.cooldown_left <= 0:
             return 1.0
         k = self.lr_cooldown_steps - self.cooldown_left
-        self.cooldown_left -= 1
         return self.lr_cooldown_factor + (1.0 - self.lr_cooldown_factor) * k / self.lr_cooldown_steps
+
+    def _cooldown(self) -> float:
+        multiplier = self.peek_cooldown()
+        self.cooldown_left = max(0, self.cooldown_left - 1)
+        return multiplier
 
     def _accept(self, step: int, loss: float | None, grad_norm: float | None, decision: Decision) -> None:
         if loss is not None and self.loss_rule is not None:

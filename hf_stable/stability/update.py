@@ -64,10 +64,9 @@ def force_scaler_skip(scaler, optimizer) -> float:
     raise RuntimeError("force_scaler_skip: no parameter has a gradient to mark.")
 
 
-def scale_lr(optimizer, factor: float) -> list[float]:
-    """Multiply every param group's ``lr`` by ``factor``; returns the previous values (to put back afterwards)."""
-    previous = [group["lr"] for group in optimizer.param_groups]
+def scale_lr(optimizer, factor: float) -> None:
+    """Multiply every param group's ``lr`` by ``factor``. Undo with ``scale_lr(optimizer, 1 / factor)``: dividing
+    (rather than writing back saved values) lets several callbacks scale the same update in any order."""
     if factor != 1.0:
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * factor
-    return previous

@@ -142,7 +142,12 @@ def test_gradscaler_skip_path_leaves_weights_and_lets_the_scale_be_restored(unsc
         assert torch.equal(p, params[n]), n
 
 
-def test_scale_lr_returns_the_values_to_put_back():
+def test_scale_lr_undoes_in_any_order():
     _, opt, _ = _model_and_adamw()
-    before = scale_lr(opt, 0.25)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.25 * before[0])
+    before = opt.param_groups[0]["lr"]
+    scale_lr(opt, 0.25)
+    scale_lr(opt, 100.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(25.0 * before)
+    scale_lr(opt, 1 / 0.25)
+    scale_lr(opt, 1 / 100.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(before, rel=1e-15)
