@@ -824,7 +824,7 @@ class FaultInjectionCallback(_Attachable, TrainerCallback):
             if not callback._active(step, trainer.args.process_index) or callback.kind == "lr_scale":
                 return compute_loss(model, inputs, *args, **kw)
             if callback.kind == "corrupt_batch":
-                inputs = callback._corrupt(inputs, step, model)
+                inputs = callback._corrupt(inputs, step, trainer.model)  # `model` may be DDP-wrapped
             out = compute_loss(model, inputs, *args, **kw)
             scale = {"nan_loss": math.nan, "loss_scale": callback.factor}.get(callback.kind, 1.0)
             if step not in callback.injected:
