@@ -145,7 +145,8 @@ def sft_run(base, train, eval_rows, steps, seed, lr, guard=None, fault=None, cli
         "nan_weights": has_nan,
         "train_loss": [round(float(x), 4) for x in losses],
         "max_grad_norm": max((n for n in norms if math.isfinite(n)), default=float("nan")),
-        "decisions": [] if guard_cb is None else [[d.step, d.kind, d.action, d.restore_step] for d in guard_cb.decisions],
+        "decisions": [] if guard_cb is None else [[d.step, d.kind, d.action, d.restore_step]
+                                                  for d in guard_cb.decisions],
         "wall_s": wall,
     }
 

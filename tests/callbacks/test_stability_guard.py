@@ -258,3 +258,38 @@ def test_guard_clip_norm_clips_after_detection(model_dir, tmp_path):
     assert all(n <= 0.5 + 1e-5 for i, n in enumerate(seen) if i != 24)
     logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
     assert max(logged) > 0.5  # the logged, pre-clip norm is the raw one
+
+
+def test_signals_mixin_and_add_stability_callbacks_are_the_phase_2_integration(tmp_path):
+    """What an hf_stable trainer will do: the mixin in its bases, one `add_stability_callbacks(self, args)` call."""
+    from types import SimpleNamespace
+
+    from transformers import Trainer, TrainingArguments
+
+    from hf_stable.callbacks import FaultInjectionCallback, NoGradientCallback, StabilityGuardCallback
+    from hf_stable.callbacks.stability import add_stability_callbacks
+    from hf_stable.stability.signals import StabilitySignalsMixin, signals_installed
+    from hf_stable.testing import build_tiny_model
+
+    class MixedTrainer(StabilitySignalsMixin, Trainer):
+        pass
+
+    model, _ = build_tiny_model(seed=0)
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(10, 60, (240, 12), generator=g)]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=8, use_cpu=True,
+                             report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = MixedTrainer(model=model, args=args, train_dataset=rows)
+    config = SimpleNamespace(stability_guard=True, stability_guard_kwargs={"min_history": 10},
+                             no_gradient_check=True, component_clip_max_norm=None, degenerate_run_warnings=False)
+    add_stability_callbacks(trainer, config)
+    assert signals_installed(trainer) and "training_step" not in trainer.__dict__  # the class hooks, no wrapper
+    kinds = {type(cb) for cb in trainer.callback_handler.callbacks}
+    assert {StabilityGuardCallback, NoGradientCallback} <= kinds
+    FaultInjectionCallback.attach(trainer, kind="nan_loss", steps=[25])
+    trainer.train()
+    guard = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityGuardCallback))
+    assert [(d.step, d.kind, d.action) for d in guard.decisions] == [(25, "nonfinite", "skip")]
+    assert _logged(trainer, "stable/guard/skips")[-1] == 1.0
+    with pytest.raises(ValueError, match="`stability_guard_kwargs` is set but `stability_guard` is False"):
+        add_stability_callbacks(trainer, SimpleNamespace(stability_guard=False, stability_guard_kwargs={"a": 1}))
