@@ -41,8 +41,22 @@ Pass criteria (printed PASS/FAIL as measured):
   B2 the same for the adagc arm;
   B3 component clipping does not cost quality: mean final eval loss of the component arm ≤ global's + 0.05.
 
+Design v2 (`--design v2`, results in `results/stability_guard_spike_v2.*`; written after v1 was recorded, which stays
+committed as the pre-registered result). v1 showed three design problems, not guard problems: (1) the ×100 LR blow-up
+damaged the unguarded run by ≥ 0.3 nats in only 1/5 seeds (0.12–0.32), so A2's control was too gentle — the spec's
+own fallback is ×1000; (2) at a constant LR the final eval loss moves by up to ±0.14 when a single update is dropped
+(the unguarded corrupted-batch runs differ from clean by −0.07…+0.06), more than A1's tolerance, so A1 measured
+end-point noise; (3) the wall-time ratio of A4 ranged 0.75–1.46 on the shared, contended machine, so it measured the
+neighbours' load. v2 changes exactly these, for part (A) only (part (B) is unchanged and not rerun): the LR blow-up
+factor is 1000, every run of (A) uses a linear LR decay to 0 over its 200 steps (a usual fine-tuning schedule, which
+averages out the last updates), and A4 is dropped (overhead is measured by `benchmarks/stability_overhead.py`:
+paired, randomised order, bootstrap interval). Guard settings, seeds, criteria A1–A3 and their thresholds are those
+of v1. A pilot on seed 100 (not reported) checked that ×1000 damages the unguarded run under the decay (+1.85 nats);
+it also showed a guard alarm at step 21 on an ordinary hard batch (A3 counts such alarms as failures, unchanged).
+
 Command (about 10 minutes on one core):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py              # v1, 10 seeds
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --design v2 --seeds 0 1 2 3 4
 Quick smoke run (1 seed, short runs; its verdict means nothing):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --quick --output_dir /tmp/sgs
 """
@@ -155,8 +169,13 @@ def setup(cli):
     from hf_stable.testing import arithmetic_dataset
 
     quick = cli.quick
+    v2 = getattr(cli, "design", "v1") == "v2"
     ctx = {
         "quick": quick,
+        "design": "v2" if v2 else "v1",
+        "lr_blowup_factor": 1000.0 if v2 else 100.0,
+        "guard_schedule": "linear" if v2 else "constant",
+        "run_clip": not v2,
         "base_steps": 60 if quick else 300,
         "guard_steps": 60 if quick else 200,
         "fault_step": 45 if quick else 120,
@@ -185,14 +204,19 @@ def run_seed(seed: int, ctx) -> dict:
     if seed < ctx["guard_seeds"]:
         steps, at = ctx["guard_steps"], ctx["fault_step"]
         train = arithmetic_dataset(8 * steps, seed=1000 + seed, max_operand=99)
-        common = dict(base=ctx["base"], train=train, eval_rows=ctx["guard_eval"], steps=steps, seed=seed, lr=1e-3)
+        common = dict(base=ctx["base"], train=train, eval_rows=ctx["guard_eval"], steps=steps, seed=seed, lr=1e-3,
+                      lr_scheduler_type=ctx["guard_schedule"])
         guard = {"clean": sft_run(**common)}
         guard["clean_guard"] = sft_run(**common, guard=ctx["guard"])
         for fault, spec in FAULTS.items():
             f = dict(spec, steps=[at])
+            if fault == "lr_blowup":
+                f["factor"] = ctx["lr_blowup_factor"]
             guard[fault] = {"unguarded": sft_run(**common, fault=f), "guarded": sft_run(**common, fault=f,
                                                                                          guard=ctx["guard"])}
         out["guard"] = guard
+    if not ctx["run_clip"]:
+        return out
     train = arithmetic_dataset(8 * ctx["clip_steps"], seed=3000 + seed, ops=("*",), max_operand=30)
     out["clip"] = {
         arm: sft_run(ctx["base"], train, ctx["clip_eval"], ctx["clip_steps"], seed, ctx["clip_lr"],
@@ -241,7 +265,9 @@ def aggregate(per_seed: dict, ctx) -> dict:
     rows = [per_seed[s]["guard"] for s in guard_seeds]
     agg["guard"]["wall_ratio"] = [r["clean_guard"]["wall_s"] / r["clean"]["wall_s"] for r in rows]
     agg["guard"]["wall_ratio_median"] = statistics.median(agg["guard"]["wall_ratio"]) if rows else math.nan
-    seeds = sorted(per_seed, key=int)
+    seeds = sorted((s for s in per_seed if "clip" in per_seed[s]), key=int)
+    if not seeds:
+        return agg
     finals = {arm: [per_seed[s]["clip"][arm]["eval_loss"] for s in seeds] for arm in ARMS}
     for arm in ARMS:
         values = finals[arm]
@@ -279,8 +305,11 @@ def criteria(per_seed: dict, agg: dict, ctx) -> dict:
                              | {"clean_guard": r["guard"]["clean_guard"]["decisions"]}
                              for s, r in per_seed.items() if "guard" in r},
                      seeds_holding=f"{sum(actions_ok)}/{n}")
-    out["A4"] = dict(description="median paired wall-time ratio clean+guard / clean < 1.10 (snapshot_every=10)",
-                     passed=agg["guard"]["wall_ratio_median"] < 1.10, values=agg["guard"]["wall_ratio"])
+    if ctx["design"] == "v1":
+        out["A4"] = dict(description="median paired wall-time ratio clean+guard / clean < 1.10 (snapshot_every=10)",
+                         passed=agg["guard"]["wall_ratio_median"] < 1.10, values=agg["guard"]["wall_ratio"])
+    if not agg["clip"]:
+        return out
     for key, arm in (("B1", "component"), ("B2", "adagc")):
         ratio = agg["clip"][arm]["std_ratio_vs_global"]
         out[key] = dict(description=f"seed std of final eval loss: {arm} < global, bootstrap 95% upper bound of the "
@@ -300,19 +329,25 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    has_clip = bool(result["aggregate"]["clip"])
+    fig, axes = plt.subplots(1, 4 if has_clip else 3, figsize=(20 if has_clip else 15, 4.2))
     seed0 = result["per_seed"][min(result["per_seed"], key=int)]
     for ax, fault in zip(axes[:3], FAULTS, strict=True):
         runs = seed0["guard"]
-        ax.plot(runs["clean"]["train_loss"], label="clean", color="tab:green", lw=1)
-        unguarded = [x if math.isfinite(x) else float("nan") for x in runs[fault]["unguarded"]["train_loss"]]
+        unguarded = [x if math.isfinite(x) and x > 0 else float("nan") for x in runs[fault]["unguarded"]["train_loss"]]
         ax.plot(unguarded, label="fault, unguarded", color="tab:red", lw=1)
         ax.plot(runs[fault]["guarded"]["train_loss"], label="fault + guard", color="tab:blue", lw=1)
+        ax.plot(runs["clean"]["train_loss"], label="clean", color="black", lw=0.8, ls="--")
         ax.set_title(f"{fault} (seed {min(result['per_seed'], key=int)})")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("train loss")
         ax.set_ylim(0.8, 5.0)
         ax.legend(fontsize=8)
+    if not has_clip:
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return
     ax = axes[3]
     clip = result["aggregate"]["clip"]
     for i, arm in enumerate(ARMS):
@@ -333,7 +368,12 @@ def _f(x, digits=3):
 
 def markdown(result: dict) -> str:
     agg = result["aggregate"]
-    lines = [f"# {NAME}", "", result["claim"], "", "## (A) guard vs injected faults (5 seeds, eval loss)", "",
+    design = result["config"].get("design", "v1")
+    title = NAME if design == "v1" else f"{NAME} (design v2)"
+    lines = [f"# {title}", "", result["claim"], "",
+             f"## (A) guard vs injected faults (5 seeds, eval loss; LR blow-up "
+             f"x{result['config'].get('lr_blowup_factor', 100.0):g}, "
+             f"{result['config'].get('guard_schedule', 'constant')} LR schedule)", "",
              "| fault | clean | unguarded | guarded | max abs(guarded - clean) | unguarded NaN runs |",
              "|---|---|---|---|---|---|"]
     for fault in FAULTS:
@@ -346,10 +386,11 @@ def markdown(result: dict) -> str:
             f"{_f(max(abs(x) for x in g['guarded_minus_clean']))} | {g['unguarded_nan']} |")
     ratios = ", ".join(_f(r) for r in agg["guard"]["wall_ratio"])
     lines += ["", f"Wall time clean+guard / clean (snapshot_every=10), per seed: {ratios}; median "
-              f"{_f(agg['guard']['wall_ratio_median'])}.", "",
-              "## (B) component-wise vs global clipping (10 seeds, final eval loss)", "",
-              "| arm | mean | std | std ratio vs global [95% CI] |", "|---|---|---|---|"]
-    for arm in ARMS:
+              f"{_f(agg['guard']['wall_ratio_median'])}.", ""]
+    if agg["clip"]:
+        lines += ["## (B) component-wise vs global clipping (10 seeds, final eval loss)", "",
+                  "| arm | mean | std | std ratio vs global [95% CI] |", "|---|---|---|---|"]
+    for arm in ARMS if agg["clip"] else ():
         c = agg["clip"][arm]
         r = c.get("std_ratio_vs_global")
         ci = "—" if r is None else f"{_f(r['point'])} [{_f(r['low'])}, {_f(r['high'])}]"
@@ -384,11 +425,13 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--output_dir", default=str(ROOT / "results"))
     parser.add_argument("--replot", action="store_true", help="rewrite PNG and Markdown from the stored JSON")
+    parser.add_argument("--design", choices=("v1", "v2"), default="v1", help="see the docstring")
     cli = parser.parse_args(argv)
+    stem = NAME if cli.design == "v1" else f"{NAME}_{cli.design}"
     out = Path(cli.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cli.replot:
-        result = json.loads((out / f"{NAME}.json").read_text())
+        result = json.loads((out / f"{stem}.json").read_text())
     else:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
@@ -418,12 +461,12 @@ def main(argv=None):
             + " ".join(argv if argv is not None else sys.argv[1:]),
         }
         assert tuple(result) == RESULT_KEYS
-        _write_atomic(out / f"{NAME}.json", json.dumps(result, indent=1, default=str))
-    plot(result, out / f"{NAME}.png")
-    _write_atomic(out / f"{NAME}.md", markdown(result))
+        _write_atomic(out / f"{stem}.json", json.dumps(result, indent=1, default=str))
+    plot(result, out / f"{stem}.png")
+    _write_atomic(out / f"{stem}.md", markdown(result))
     for key, c in result["criteria"].items():
         print(f"{key}: {'PASS' if c['passed'] else 'FAIL'} - {c['description']}")
-    print(f"[{NAME}] {'PASS' if result['passed'] else 'FAIL'}: {out / (NAME + '.json')}")
+    print(f"[{NAME}] {'PASS' if result['passed'] else 'FAIL'}: {out / (stem + '.json')}")
     return result
 
 
