@@ -293,3 +293,42 @@ def test_signals_mixin_and_add_stability_callbacks_are_the_phase_2_integration(t
     assert _logged(trainer, "stable/guard/skips")[-1] == 1.0
     with pytest.raises(ValueError, match="`stability_guard_kwargs` is set but `stability_guard` is False"):
         add_stability_callbacks(trainer, SimpleNamespace(stability_guard=False, stability_guard_kwargs={"a": 1}))
+
+
+def test_one_host_sync_per_healthy_step(monkeypatch, tmp_path):
+    """The guard reads the step's tensors once (`.tolist()` of the packed signals); nothing else syncs."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from hf_stable.callbacks import StabilityGuardCallback
+    from hf_stable.stability.signals import record_grad_norm, record_loss
+
+    guard = StabilityGuardCallback(min_history=3, window=8, snapshot_every=1000)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    args = SimpleNamespace(max_grad_norm=1.0, output_dir=str(tmp_path))
+    guard.on_train_begin(args, state, TrainerControl(), model=model, optimizer=optimizer)
+    counts = {"sync": 0}
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **k):
+            counts["sync"] += 1
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    per_step = []
+    for step in range(12):
+        state.global_step = step
+        model(torch.ones(1, 3)).sum().backward()
+        record_loss(state, torch.tensor(2.0 + 0.01 * (step % 3)))
+        record_loss(state, torch.tensor(0.5))  # a second micro-batch
+        record_grad_norm(state, torch.tensor(1.0 + 0.01 * (step % 4)))
+        before = counts["sync"]
+        guard.on_pre_optimizer_step(args, state, TrainerControl(), model=model, optimizer=optimizer)
+        per_step.append(counts["sync"] - before)
+        optimizer.zero_grad()
+    assert guard.policy.accepted == 12 and guard.policy.loss_window.values()[-1] == pytest.approx(2.52)
+    assert per_step == [1] * 12  # including step 3, where the first candidate snapshot is copied to the CPU
