@@ -370,7 +370,10 @@ def markdown(result: dict) -> str:
     agg = result["aggregate"]
     design = result["config"].get("design", "v1")
     title = NAME if design == "v1" else f"{NAME} (design v2)"
-    lines = [f"# {title}", "", result["claim"], "",
+    note = [] if design == "v1" else [
+        "Design v2 (see the script's docstring): part (A) only, LR blow-up x1000, linear decay; part (B) is the v1 "
+        "result (`stability_guard_spike.md`).", ""]
+    lines = [f"# {title}", "", result["claim"], "", *note,
              f"## (A) guard vs injected faults (5 seeds, eval loss; LR blow-up "
              f"x{result['config'].get('lr_blowup_factor', 100.0):g}, "
              f"{result['config'].get('guard_schedule', 'constant')} LR schedule)", "",
