@@ -41,7 +41,7 @@ from ..stability.guard import ACTIONS, ON_EXHAUSTED, Decision, GuardPolicy
 from ..stability.nograd import NoGradientError, diagnose_no_gradient
 from ..stability.signals import get_signals, install_metrics_hook, install_signals, signals_installed
 from ..stability.snapshot import SnapshotStore, restore_snapshot, take_snapshot
-from ..stability.stats import GRAD_RULE, LOSS_RULE, SpikeRule
+from ..stability.stats import GRAD_RULE, LOSS_RULE, LocalLevelFilter, SpikeRule
 from ..stability.update import drop_update, force_scaler_skip, optimizer_params, scale_lr
 
 
@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+# (kind, name) -> probe set: a callback transformers re-instantiates from its JSON args finds its probes here
+_PROBE_SETS: dict[tuple[str, str], object] = {}
 
 
 class TrainingDivergedError(RuntimeError):
@@ -64,6 +66,29 @@ class TrainingDivergedError(RuntimeError):
 
 
 # -- shared plumbing ---------------------------------------------------------------------------------------------
+def _prompt_completion_batch(rows, processing_class) -> dict:
+    """Right-padded ``input_ids``/``attention_mask`` of prompt + completion, ``labels`` on the completion only (the
+    tokens an SFT run on prompt/completion data is trained on)."""
+    if processing_class is None:
+        raise ValueError("a prompt/completion probe needs the trainer's `processing_class` to tokenize it.")
+    seqs, starts = [], []
+    for row in rows:
+        prompt = processing_class(row["prompt"], add_special_tokens=False)["input_ids"]
+        full = processing_class(row["prompt"] + row["completion"], add_special_tokens=False)["input_ids"]
+        seqs.append(full)
+        starts.append(len(prompt))
+    width = max(len(s) for s in seqs)
+    pad = processing_class.pad_token_id if processing_class.pad_token_id is not None else 0
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (seq, start) in enumerate(zip(seqs, starts, strict=True)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, start : len(seq)] = torch.tensor(seq[start:])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 def _world_size() -> int:
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -200,8 +225,15 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
     ``log`` and ``skip_then_rollback`` to ``rollback`` (warned once); rollbacks use the engine's own checkpoints and
     need ``snapshot_storage="disk"``. FSDP: skip and log work; rollback is refused.
 
+    Held-out probe (optional; reconstructed from an abstract, our design): every ``probe_every`` steps, in
+    ``on_step_end``, the mean next-token loss of ``probe_dataset`` (strings, tokenized with the trainer's
+    ``processing_class``, or ``input_ids``/``attention_mask``/``labels`` tensors) goes through a scalar local-level
+    Kalman filter (`hf_stable.stability.stats.LocalLevelFilter`); a rise whose normalised innovation squared exceeds
+    ``probe_nis_threshold`` (10.83, the χ²(1) 0.999 quantile) is destabilising and the guard rolls back (the update has
+    already happened, so there is nothing to skip).
+
     Metrics (``stable/guard/``): ``anomalies``, ``skips``, ``rollbacks``, ``last_rollback_step``, ``snapshot_step``,
-    ``loss_z``, ``grad_z``, ``lr_multiplier``.
+    ``loss_z``, ``grad_z``, ``lr_multiplier``, and with a probe ``probe_loss``, ``probe_nis``.
     """
 
     needs_signals = True
@@ -227,6 +259,10 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         max_rollbacks: int = 5,
         on_exhausted: str = "stop",
         guard_clip_norm: float | None = None,
+        probe_dataset=None,
+        probe_every: int = 0,
+        probe_nis_threshold: float = 10.83,
+        probe_batch_size: int = 16,
         name: str = "guard",
     ):
         check_number("loss_z", loss_z, low=0, low_open=True, allow_none=True)
@@ -253,14 +289,29 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
                              "Set at least one of them (defaults 6.0).")
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
+        check_int("probe_every", probe_every, low=0)
+        check_number("probe_nis_threshold", probe_nis_threshold, low=0, low_open=True)
+        check_int("probe_batch_size", probe_batch_size, low=1)
+        has_probe = probe_dataset is not None or ("guard", name) in _PROBE_SETS
+        if probe_every > 0 and not has_probe:
+            raise ValueError("`probe_every` > 0 needs `probe_dataset` (held-out sequences for the probe loss).")
+        if probe_dataset is not None and probe_every == 0:
+            raise ValueError("`probe_dataset` is set but `probe_every`=0: the probe would never run.")
+        if probe_dataset is not None:
+            _PROBE_SETS[("guard", name)] = probe_dataset
         self._args = dict(
             loss_z=loss_z, loss_ratio=loss_ratio, grad_z=grad_z, grad_ratio=grad_ratio, window=window,
             min_history=min_history, action=action, skips_before_rollback=skips_before_rollback,
             snapshot_every=snapshot_every, confirm_steps=confirm_steps, snapshot_history=snapshot_history,
             snapshot_storage=snapshot_storage, snapshot_scope=snapshot_scope, scheduler_policy=scheduler_policy,
             lr_cooldown_factor=lr_cooldown_factor, lr_cooldown_steps=lr_cooldown_steps, max_rollbacks=max_rollbacks,
-            on_exhausted=on_exhausted, guard_clip_norm=guard_clip_norm, name=name,
+            on_exhausted=on_exhausted, guard_clip_norm=guard_clip_norm, probe_every=probe_every,
+            probe_nis_threshold=probe_nis_threshold, probe_batch_size=probe_batch_size, name=name,
         )
+        self.probe_every, self.probe_batch_size = probe_every, probe_batch_size
+        self.probe_filter = LocalLevelFilter(threshold=probe_nis_threshold)
+        self.probe_history: list[tuple[int, float, float]] = []  # (step, probe loss, NIS)
+        self._probe_batch: dict | None = None
         self.name = name
         self.snapshot_storage, self.snapshot_scope = snapshot_storage, snapshot_scope
         self.scheduler_policy, self.guard_clip_norm = scheduler_policy, guard_clip_norm
@@ -289,9 +340,10 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         return dict(self._args)
 
     def _export(self) -> dict:
-        return self.policy.state()
+        return {**self.policy.state(), "probe": self.probe_filter.state()}
 
     def _import(self, payload: dict) -> None:
+        self.probe_filter.load_state(payload.get("probe", {}))
         available = []
         if self.store is not None and self.store.storage == "disk":
             available = [s for s in self.store.confirmed_steps if s in payload.get("confirmed_steps", [])]
@@ -311,6 +363,8 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             "stable/guard/loss_z": p.loss_z,
             "stable/guard/grad_z": p.grad_z,
             "stable/guard/lr_multiplier": p.lr_multiplier,
+            "stable/guard/probe_loss": self.probe_history[-1][1] if self.probe_history else None,
+            "stable/guard/probe_nis": self.probe_history[-1][2] if self.probe_history else None,
         })
 
     # -- events -----------------------------------------------------------------------------------------------
@@ -344,6 +398,8 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         trainer = self._trainer()
         if trainer is not None and not signals_installed(trainer):
             install_signals(trainer)
+        if self.probe_every:
+            self._probe_batch = self._probe_inputs(kwargs.get("processing_class"))
 
     def _trainer(self, state=None):
         trainer = None if self._trainer_ref is None else self._trainer_ref()
@@ -379,9 +435,66 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 self.on_optimizer_step(args, state, control, optimizer=optimizer)
             decision = self._decide(state, model, optimizer, signals_step=state.global_step - 1)
             self._execute(decision, args, state, control, model, optimizer, lr_scheduler)
+        if self.probe_every and state.global_step % self.probe_every == 0 and not self._exhausted_stop:
+            self._probe(state, control, model, optimizer, lr_scheduler)
         if self._exhausted_stop:
             control.should_training_stop = True
             control.should_save = True
+
+    # -- held-out probe (reconstructed innovation detector; our design) ----------------------------------------
+    def _probe_inputs(self, processing_class) -> dict:
+        probe = _PROBE_SETS[("guard", self.name)]
+        if isinstance(probe, dict):
+            batch = {k: probe[k] for k in ("input_ids", "attention_mask", "labels") if k in probe}
+        elif probe and all(isinstance(r, dict) and {"prompt", "completion"} <= set(r) for r in probe):
+            batch = _prompt_completion_batch(probe, processing_class)
+        else:
+            if processing_class is None:
+                raise ValueError("StabilityGuardCallback: a probe given as strings needs the trainer's "
+                                 "`processing_class`; pass token tensors instead.")
+            batch = dict(processing_class(list(probe), return_tensors="pt", padding=True))
+        batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))
+        if "labels" not in batch:
+            batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+
+    def _probe_loss(self, model) -> float:
+        """Mean next-token loss over the probe's supervised tokens (every rank runs the same forward)."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = torch.zeros((), dtype=torch.float64, device=device)
+        try:
+            with torch.no_grad():
+                n = self._probe_batch["input_ids"].shape[0]
+                for start in range(0, n, self.probe_batch_size):
+                    part = {k: v[start:start + self.probe_batch_size].to(device) for k, v in self._probe_batch.items()}
+                    logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"]).logits
+                    labels = part["labels"][:, 1:]
+                    losses = torch.nn.functional.cross_entropy(
+                        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                        reduction="sum")
+                    total += losses.double()
+                    count += (labels != -100).sum().double()
+        finally:
+            model.train(was_training)
+        return float(total / count.clamp_min(1.0))
+
+    def _probe(self, state, control, model, optimizer, lr_scheduler) -> None:
+        loss = self._probe_loss(model)
+        destabilising, nis = self.probe_filter.update(loss)
+        self.probe_history.append((state.global_step, loss, nis))
+        if not destabilising:
+            return
+        decision = self.policy.probe_anomaly(state.global_step, reason=f"probe loss {loss:.4g}, NIS {nis:.3g}")
+        trainer = self._trainer(state)
+        self._snapshot_ops(decision, model, optimizer, lr_scheduler, trainer)
+        self.decisions.append(decision)
+        self._report(decision, state)
+        if decision.restore_step is not None:  # the update already happened: restore, nothing to drop
+            self._restore(decision, model, optimizer, lr_scheduler, trainer)
+        self._finish_exhausted(decision, control)
 
     # -- decision ---------------------------------------------------------------------------------------------
     def _decide(self, state, model, optimizer, signals_step: int) -> Decision:
@@ -484,6 +597,9 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             self._restore(decision, model, optimizer, lr_scheduler, trainer)
         if self._backend != "deepspeed":
             self._drop(optimizer)
+        self._finish_exhausted(decision, control)
+
+    def _finish_exhausted(self, decision: Decision, control) -> None:
         if decision.action == "stop":
             self._exhausted_stop = True
             control.should_training_stop = True
@@ -512,6 +628,8 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         what = f"{decision.kind} spike (z={z:.1f})" if z is not None and math.isfinite(z) else decision.kind
         if decision.kind == "nonfinite":
             what = "non-finite loss or gradient norm"
+        if decision.kind == "probe":
+            what = "held-out probe loss jumped"
         done = {
             "skip": "skipped the update",
             "rollback": f"rolled back to the snapshot of step {decision.restore_step} and skipped the update",

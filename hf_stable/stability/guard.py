@@ -222,6 +222,20 @@ class GuardPolicy:
             return decision
         return self._rollback(step, decision)
 
+    def probe_anomaly(self, step: int, reason: str = "") -> Decision:
+        """A destabilising held-out probe measurement after update ``step``: the damage is already in the weights, so
+        roll back (never skip); with no confirmed snapshot, or under ``action`` "skip"/"log", only report."""
+        self.anomalies += 1
+        decision = Decision(step=step, kind="probe", action="log", reason=reason)
+        if self.candidate_step is not None:
+            decision.ops.append("discard")
+            self.candidate_step = None
+            self.last_candidate_step = self.confirmed_steps[-1] if self.confirmed_steps else None
+        if self.exhausted or not self.uses_snapshots or not self.confirmed_steps:
+            decision.reason = f"{reason}; no rollback ({'exhausted' if self.exhausted else 'no confirmed snapshot'})"
+            return decision
+        return self._rollback(step, decision)
+
     def _rollback(self, step: int, decision: Decision) -> Decision:
         self.rollbacks += 1
         recent = self.last_rollback_step is not None and step - self.last_rollback_step <= self.lr_cooldown_steps

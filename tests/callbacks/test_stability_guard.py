@@ -332,3 +332,33 @@ def test_one_host_sync_per_healthy_step(monkeypatch, tmp_path):
         optimizer.zero_grad()
     assert guard.policy.accepted == 12 and guard.policy.loss_window.values()[-1] == pytest.approx(2.52)
     assert per_step == [1] * 12  # including step 3, where the first candidate snapshot is copied to the CPU
+
+
+@pytest.mark.slow
+def test_held_out_probe_rolls_back_a_blowup_the_step_signals_miss(model_dir, clean, tmp_path):
+    """Innovation detector (reconstructed): with loss detection off and the grad-norm rule blunted, only the Kalman-
+    filtered held-out probe loss sees the LR blow-up; the guard rolls back after the damaged update."""
+    from hf_stable.testing import arithmetic_dataset
+
+    probe_rows = arithmetic_dataset(16, seed=321, max_operand=99)
+    probe = [{"prompt": r["prompt"], "completion": r["completion"]} for r in probe_rows]  # loss on completions
+    trainer, guard, _ = sft_trainer(
+        tmp_path, 200, model_dir=model_dir, inject=dict(kind="lr_scale", steps=[120], factor=100.0),
+        guard=dict(GUARD, loss_z=None, grad_z=1e6, probe_dataset=probe, probe_every=10, name="probe-test"))
+    trainer.train()
+    assert [(d.step, d.kind, d.action) for d in guard.decisions] == [(120, "probe", "rollback")]
+    assert guard.decisions[0].restore_step == 110
+    assert abs(eval_loss(trainer) - clean["eval"]) <= max(0.05, 0.05 * clean["eval"])
+    nis = {step: n for step, _, n in guard.probe_history}
+    assert sorted(nis) == list(range(10, 201, 10))
+    assert nis[120] > 10.83 and max(nis[s] for s in range(40, 120, 10)) < 10.83  # no false alarm before the fault
+    assert _logged(trainer, "stable/guard/probe_loss")
+
+
+def test_probe_options_are_checked():
+    from hf_stable.callbacks import StabilityGuardCallback
+
+    with pytest.raises(ValueError, match="needs `probe_dataset`"):
+        StabilityGuardCallback(probe_every=5, name="no-probe")
+    with pytest.raises(ValueError, match="`probe_every`=0"):
+        StabilityGuardCallback(probe_dataset=["1+1=2"], name="idle-probe")
