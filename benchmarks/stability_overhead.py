@@ -11,8 +11,11 @@ optimizer step takes well over 50 ms. Arms: `off` (no callback) and one callback
 * `msign_every10` — `MSignCallback(period=10, alpha=0.5)`;
 * `drift_every10` — `RepresentationDriftCallback(every=10, n_probe=32)` on 32 probe sequences of 64 tokens.
 
-Each run: `--warmup` steps discarded, then `--steps` timed optimizer steps (the wall time between consecutive
-`on_step_end` calls, so everything a callback does in the step is included); the run's value is the mean step time.
+Each run: `--warmup` steps discarded, then `--steps` timed optimizer steps (the time between consecutive
+`on_step_end` calls, so everything a callback does in the step is included); the run's value is the mean step time,
+on two clocks: the process's CPU time (`time.process_time`; one thread, so it is the step's compute, and it is far
+less disturbed by other processes on a shared machine — the target is judged on it) and wall time (reported too).
+One untimed run of `off` first warms the process up.
 Every repeat runs every arm once, in a fresh random order; the ratio arm / off is paired within the repeat; the table
 gives the mean ratio over repeats and a bootstrap 95 % interval (resampling repeats). Monitors that act every 10 steps
 cost ``(ratio − 1) × 10`` step times per call.
@@ -53,8 +56,10 @@ class _Timer:
         class Callback(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
                 timer.stamps.append(time.perf_counter())
+                timer.cpu.append(time.process_time())
 
         self.stamps: list[float] = []
+        self.cpu: list[float] = []
         self.callback = Callback()
 
 
@@ -111,7 +116,8 @@ def run_arm(arm: str, steps: int, warmup: int, seq: int = 64) -> dict:
         trainer.add_callback(timer.callback)
         trainer.train()
     gaps = [b - a for a, b in zip(timer.stamps, timer.stamps[1:], strict=False)][warmup - 1:]
-    out = {"step_s": statistics.fmean(gaps), "n_steps": len(gaps)}
+    cpu = [b - a for a, b in zip(timer.cpu, timer.cpu[1:], strict=False)][warmup - 1:]
+    out = {"step_s": statistics.fmean(gaps), "cpu_step_s": statistics.fmean(cpu), "n_steps": len(gaps)}
     if cb is not None:
         trainable = [p for p in model.parameters() if p.requires_grad]
         out["snapshot_bytes"] = cb.store.nbytes()
@@ -146,6 +152,7 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     rng = random.Random(1234)
+    run_arm("off", max(2, cli.steps // 4), cli.warmup)  # process warm-up (allocator, lazy imports), not timed
     per_repeat = []
     start = time.time()
     for repeat in range(cli.repeats):
@@ -153,14 +160,18 @@ def main(argv=None):
         rng.shuffle(order)
         results = {arm: run_arm(arm, cli.steps, cli.warmup) for arm in order}
         per_repeat.append({"order": order, "results": results})
-        print(f"repeat {repeat}: " + ", ".join(f"{a} {results[a]['step_s'] * 1e3:.1f} ms" for a in ARMS), flush=True)
+        print(f"repeat {repeat}: " + ", ".join(f"{a} {results[a]['cpu_step_s'] * 1e3:.1f} ms CPU" for a in ARMS),
+              flush=True)
     table = {}
     for arm in ARMS:
-        steps = [r["results"][arm]["step_s"] for r in per_repeat]
-        ratios = [r["results"][arm]["step_s"] / r["results"]["off"]["step_s"] for r in per_repeat]
-        low, high = bootstrap_mean(ratios) if len(ratios) > 1 else (ratios[0], ratios[0])
-        table[arm] = {"step_ms_mean": 1e3 * statistics.fmean(steps), "ratio_mean": statistics.fmean(ratios),
-                      "ratio_ci95": [low, high], "ratios": ratios}
+        row = {}
+        for clock, key in (("wall", "step_s"), ("cpu", "cpu_step_s")):
+            steps = [r["results"][arm][key] for r in per_repeat]
+            ratios = [r["results"][arm][key] / r["results"]["off"][key] for r in per_repeat]
+            low, high = bootstrap_mean(ratios) if len(ratios) > 1 else (ratios[0], ratios[0])
+            row[clock] = {"step_ms_mean": 1e3 * statistics.fmean(steps), "ratio_mean": statistics.fmean(ratios),
+                          "ratio_ci95": [low, high], "ratios": ratios}
+        table[arm] = row
     guard = per_repeat[-1]["results"]["guard"]
     memory = {
         "measured_bytes": guard["snapshot_bytes"],
@@ -174,21 +185,26 @@ def main(argv=None):
                   "repeats": cli.repeats, "timed_steps": cli.steps, "warmup_steps": cli.warmup,
                   "threads": torch.get_num_threads(), "torch": torch.__version__},
         "arms": table,
-        "targets": {"guard_ratio_le_1.03": table["guard"]["ratio_mean"] <= 1.03,
+        "targets": {"guard_cpu_ratio_le_1.03": table["guard"]["cpu"]["ratio_mean"] <= 1.03,
+                    "guard_wall_ratio_le_1.03": table["guard"]["wall"]["ratio_mean"] <= 1.03,
                     "snapshot_memory_equals_formula": memory["equal"]},
         "snapshot_memory": memory,
         "per_repeat": per_repeat,
         "wall_s": time.time() - start,
     }
-    lines = ["| arm | step (ms) | ratio vs off | 95% CI |", "|---|---|---|---|"]
+    lines = ["| arm | CPU ms/step | CPU ratio vs off [95% CI] | wall ms/step | wall ratio vs off [95% CI] |",
+             "|---|---|---|---|---|"]
     for arm in ARMS:
-        t = table[arm]
-        lines.append(f"| {arm} | {t['step_ms_mean']:.1f} | {t['ratio_mean']:.3f} | "
-                     f"[{t['ratio_ci95'][0]:.3f}, {t['ratio_ci95'][1]:.3f}] |")
+        c, w = table[arm]["cpu"], table[arm]["wall"]
+        lines.append(f"| {arm} | {c['step_ms_mean']:.1f} | {c['ratio_mean']:.3f} [{c['ratio_ci95'][0]:.3f}, "
+                     f"{c['ratio_ci95'][1]:.3f}] | {w['step_ms_mean']:.1f} | {w['ratio_mean']:.3f} "
+                     f"[{w['ratio_ci95'][0]:.3f}, {w['ratio_ci95'][1]:.3f}] |")
     lines += ["", f"Snapshot memory after the `guard` run: {memory['measured_bytes']:,} bytes in {memory['slots']} "
               f"slots; formula {memory['formula_bytes']:,} bytes ({memory['n_params']:,} fp32 parameters) — "
               f"{'equal' if memory['equal'] else 'DIFFERENT'}.",
-              f"Targets: guard ≤ 1.03× — {'met' if result['targets']['guard_ratio_le_1.03'] else 'NOT met'}; "
+              f"Targets: guard ≤ 1.03× step time — CPU time "
+              f"{'met' if result['targets']['guard_cpu_ratio_le_1.03'] else 'NOT met'}, wall time "
+              f"{'met' if result['targets']['guard_wall_ratio_le_1.03'] else 'NOT met'}; "
               f"snapshot memory = formula — {'met' if memory['equal'] else 'NOT met'}."]
     text = "\n".join(lines)
     print(text)
