@@ -17,9 +17,9 @@ Design (fixed before any run of seeds 0-9).
   lr 1e-3 constant, batch 8, `max_grad_norm=1.0`; eval loss on 64 held-out rows (seed 2000). Runs: clean;
   clean+guard (false alarms and wall time); and for each fault at optimizer step 120 — `corrupt_batch` (input_ids and
   labels of the step's batch replaced by uniform random tokens), `lr_scale` ×100 for that one update, `nan_loss` —
-  an unguarded and a guarded run. Guard: defaults except `snapshot_every=10` (spec §11), i.e. window 128,
-  min_history 20, z 6, ratios 1.25 (loss) and 5 (grad norm), skip_then_rollback with one skip, confirm_steps 2,
-  cooldown 0.25 over 50 steps.
+  an unguarded and a guarded run. Guard: defaults except `snapshot_every=10` (the trainer tests' cadence), i.e.
+  window 128, min_history 20, z 6, ratios 1.25 (loss) and 5 (grad norm), skip_then_rollback with one skip,
+  confirm_steps 2, cooldown 0.25 over 50 steps.
 * (B) Per seed s ∈ {0..9}: 150 steps of SFT from the same base on a shifted task (multiplication, operands ≤ 30,
   1200 rows drawn with seed 3000+s, data order seed s), AdamW lr 3e-3 with 15 warm-up steps then constant, batch 8,
   weight decay 0; eval loss on 64 held-out multiplication rows (seed 4000). Arms: `global` (HF default
@@ -43,16 +43,17 @@ Pass criteria (printed PASS/FAIL as measured):
 
 Design v2 (`--design v2`, results in `results/stability_guard_spike_v2.*`; written after v1 was recorded, which stays
 committed as the pre-registered result). v1 showed three design problems, not guard problems: (1) the ×100 LR blow-up
-damaged the unguarded run by ≥ 0.3 nats in only 1/5 seeds (0.12–0.32), so A2's control was too gentle — the spec's
-own fallback is ×1000; (2) at a constant LR the final eval loss moves by up to ±0.14 when a single update is dropped
-(the unguarded corrupted-batch runs differ from clean by −0.07…+0.06), more than A1's tolerance, so A1 measured
-end-point noise; (3) the wall-time ratio of A4 ranged 0.75–1.46 on the shared, contended machine, so it measured the
-neighbours' load. v2 changes exactly these, for part (A) only (part (B) is unchanged and not rerun): the LR blow-up
-factor is 1000, every run of (A) uses a linear LR decay to 0 over its 200 steps (a usual fine-tuning schedule, which
-averages out the last updates), and A4 is dropped (overhead is measured by `benchmarks/stability_overhead.py`:
-paired, randomised order, bootstrap interval). Guard settings, seeds, criteria A1–A3 and their thresholds are those
-of v1. A pilot on seed 100 (not reported) checked that ×1000 damages the unguarded run under the decay (+1.85 nats);
-it also showed a guard alarm at step 21 on an ordinary hard batch (A3 counts such alarms as failures, unchanged).
+damaged the unguarded run by ≥ 0.3 nats in only 1/5 seeds (0.12–0.32), so A2's control was too gentle — the fallback
+factor planned for the trainer test is ×1000; (2) at a constant LR the final eval loss moves by up to ±0.14 when a
+single update is dropped (the unguarded corrupted-batch runs differ from clean by −0.07…+0.06), more than A1's
+tolerance, so A1 measured end-point noise; (3) the wall-time ratio of A4 ranged 0.75–1.46 on the shared, contended
+machine, so it measured the neighbours' load. v2 changes exactly these, for part (A) only (part (B) is unchanged and
+not rerun): the LR blow-up factor is 1000, every run of (A) uses a linear LR decay to 0 over its 200 steps (a usual
+fine-tuning schedule, which averages out the last updates), and A4 is dropped (overhead is measured by
+`benchmarks/stability_overhead.py`: paired, randomised order, bootstrap interval). Guard settings, seeds, criteria
+A1–A3 and their thresholds are those of v1. A pilot on seed 100 (not reported) checked that ×1000 damages the unguarded
+run under the decay (+1.85 nats); it also showed a guard alarm at step 21 on an ordinary hard batch (A3 counts such
+alarms as failures, unchanged).
 
 Command (about 10 minutes on one core):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py              # v1, 10 seeds
