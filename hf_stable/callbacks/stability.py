@@ -901,7 +901,9 @@ class GRPODegenerateRunCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if not logs or not state.is_world_process_zero:
             return
         cfg = {k: getattr(args, k, None) for k in ("loss_type", "num_iterations", "beta", "num_generations",
-                                                   "max_completion_length", "mask_truncated_completions")}
+                                                   "max_completion_length", "mask_truncated_completions",
+                                                   "steps_per_generation", "gradient_accumulation_steps",
+                                                   "loss_mode")}
         for finding in self.monitor.observe(logs, cfg):
             self.findings.append((state.global_step, finding))
             emit = logger.info if finding.level == "info" else logger.warning

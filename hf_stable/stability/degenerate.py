@@ -117,8 +117,13 @@ class DegenerateRunMonitor:
 
     def _zero_loss_expected(self, logs: dict, cfg: dict) -> str | None:
         loss, grad_norm = _num(logs, "loss"), _num(logs, "grad_norm")
-        on_policy = cfg.get("num_iterations", 1) == 1
-        if (loss == 0.0 and grad_norm is not None and grad_norm > 0 and on_policy and not cfg.get("beta")
+        iterations = cfg.get("num_iterations") or 1
+        # TRL's rule (`GRPOTrainer._generate_and_score_completions`): a generation batch that is not used up within
+        # one optimizer step keeps old log-probs, and the ratio then differs from 1 after the first step
+        generate_every = (cfg.get("steps_per_generation") or 1) * iterations
+        on_policy = iterations == 1 and (cfg.get("gradient_accumulation_steps") or 1) % generate_every == 0
+        trl_loss = cfg.get("loss_mode") in (None, "ppo")  # hf_stable's other loss modes replace TRL's loss
+        if (loss == 0.0 and grad_norm is not None and grad_norm > 0 and on_policy and trl_loss and not cfg.get("beta")
                 and cfg.get("loss_type") in ON_POLICY_ZERO_LOSS_TYPES):
             return (
                 f"loss=0 with grad_norm={grad_norm:.3g} is expected, not a bug: on-policy (num_iterations=1) the "
@@ -130,7 +135,8 @@ class DegenerateRunMonitor:
     # -- driver -------------------------------------------------------------------------------------------------
     def observe(self, logs: dict, cfg: dict) -> list[Finding]:
         """Findings to emit for one log. ``cfg``: the run's GRPO settings (``loss_type``, ``num_iterations``, ``beta``,
-        ``num_generations``, ``max_completion_length``, ``mask_truncated_completions``)."""
+        ``num_generations``, ``max_completion_length``, ``mask_truncated_completions``, ``steps_per_generation``,
+        ``gradient_accumulation_steps``, and hf_stable's ``loss_mode`` — absent or ``None`` on TRL's config)."""
         if "loss" not in logs and "grad_norm" not in logs and "frac_reward_zero_std" not in logs:
             return []  # not a training log (e.g. the end-of-training summary)
         out: list[Finding] = []

@@ -112,7 +112,14 @@ def test_zero_loss_is_explained_once_at_info_only_where_expected():
     first = monitor.observe(_logs(loss=0.0, grad_norm=0.3), grpo)
     assert [(f.level, f.kind) for f in first] == [("info", "zero_loss_expected")]
     assert monitor.observe(_logs(loss=0.0, grad_norm=0.3), grpo) == []
-    for cfg in ({**CFG, "loss_type": "dapo"}, {**grpo, "beta": 0.04}, {**grpo, "num_iterations": 2}):
+    aligned = {**grpo, "steps_per_generation": 2, "gradient_accumulation_steps": 4, "loss_mode": "ppo"}
+    assert [f.kind for f in DegenerateRunMonitor().observe(_logs(loss=0.0, grad_norm=0.3), aligned)] == [
+        "zero_loss_expected"]
+    for cfg in ({**CFG, "loss_type": "dapo"}, {**grpo, "beta": 0.04}, {**grpo, "num_iterations": 2},
+                # a generation batch reused across optimizer steps: TRL keeps old log-probs, the ratio leaves 1
+                {**aligned, "steps_per_generation": 8},
+                # hf_stable loss modes replace TRL's loss: TRL's explanation does not apply
+                {**aligned, "loss_mode": "drpo"}):
         assert DegenerateRunMonitor().observe(_logs(loss=0.0, grad_norm=0.3), cfg) == []
 
 
