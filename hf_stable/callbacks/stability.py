@@ -984,11 +984,13 @@ class FaultInjectionCallback(_Attachable, TrainerCallback):
 
 
 # -- one line per hf_stable trainer ------------------------------------------------------------------------------
-def add_stability_callbacks(trainer, args) -> None:
+def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -> None:
     """Add the callbacks an hf_stable config asks for (phase-2 integration point; read with ``getattr`` so configs
     without the fields behave like TRL's):
 
-    * ``stability_guard`` (bool, default False) + ``stability_guard_kwargs`` (dict) → `StabilityGuardCallback`;
+    * ``stability_guard`` (bool, default False) + ``stability_guard_kwargs`` (dict) → `StabilityGuardCallback`,
+      built from ``{**guard_defaults, **stability_guard_kwargs}``: a trainer's own defaults (e.g. ``{"loss_z": None}``
+      for GRPO, whose loss sits around 0 and carries no spike information), which the user's kwargs override;
     * ``component_clip_max_norm`` (float or None) + ``component_clip_groups`` (default "param") →
       `ComponentClipCallback`;
     * ``no_gradient_check`` (bool, default True) → `NoGradientCallback`;
@@ -1000,7 +1002,7 @@ def add_stability_callbacks(trainer, args) -> None:
         kwargs = getattr(args, "stability_guard_kwargs", None) or {}
         if not isinstance(kwargs, dict):
             raise TypeError(f"`stability_guard_kwargs` must be a dict, got {kwargs!r}.")
-        StabilityGuardCallback.attach(trainer, **kwargs)
+        StabilityGuardCallback.attach(trainer, **{**(guard_defaults or {}), **kwargs})
     elif getattr(args, "stability_guard_kwargs", None):
         raise ValueError("`stability_guard_kwargs` is set but `stability_guard` is False: they would be ignored.")
     max_norm = getattr(args, "component_clip_max_norm", None)

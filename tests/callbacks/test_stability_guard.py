@@ -293,6 +293,13 @@ def test_signals_mixin_and_add_stability_callbacks_are_the_phase_2_integration(t
     assert _logged(trainer, "stable/guard/skips")[-1] == 1.0
     with pytest.raises(ValueError, match="`stability_guard_kwargs` is set but `stability_guard` is False"):
         add_stability_callbacks(trainer, SimpleNamespace(stability_guard=False, stability_guard_kwargs={"a": 1}))
+    # a trainer's defaults (GRPO: no loss rule) yield to the user's kwargs
+    for user, loss_rule_on in (({}, False), ({"loss_z": 6.0}, True)):
+        other = MixedTrainer(model=model, args=args, train_dataset=rows)
+        add_stability_callbacks(other, SimpleNamespace(stability_guard=True, stability_guard_kwargs=user),
+                                guard_defaults={"loss_z": None, "min_history": 10})
+        added = next(cb for cb in other.callback_handler.callbacks if isinstance(cb, StabilityGuardCallback))
+        assert (added.policy.loss_rule is not None) == loss_rule_on and added.policy.min_history == 10
 
 
 def test_one_host_sync_per_healthy_step(monkeypatch, tmp_path):
