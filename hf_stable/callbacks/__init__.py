@@ -8,6 +8,17 @@ _LAZY = {
     "WSMCallback": "wsm",
     "MergeOnTrainEndCallback": "merge",
     "PushMergedToHubCallback": "merge",
+    "StabilityGuardCallback": "stability",
+    "ComponentClipCallback": "stability",
+    "NoGradientCallback": "stability",
+    "NoGradientError": "stability",
+    "GRPODegenerateRunCallback": "stability",
+    "FaultInjectionCallback": "stability",
+    "TrainingDivergedError": "stability",
+    "add_stability_callbacks": "stability",
+    "StableRankMonitorCallback": "monitors",
+    "MSignCallback": "monitors",
+    "RepresentationDriftCallback": "monitors",
 }
 
 __all__ = sorted(_LAZY)
