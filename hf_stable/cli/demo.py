@@ -136,8 +136,7 @@ def _unlearn(output_dir: str, quick: bool) -> dict:
     """SimNPO on TinyTOFU (seed 0): forget / retain / world accuracy before and after, and a relearning attack."""
     from ..evaluation.unlearning import evaluate_unlearning
     from ..testing.tinytofu import answer_prob, make_tinytofu, train_tinytofu
-    from ..trainers.unlearning import UnlearningTrainer
-    from ..trainers.unlearning_config import UnlearningConfig
+    from ..trainers.unlearning import UnlearningConfig, UnlearningTrainer
 
     data = make_tinytofu(0, reduced=quick)
     n_forget, n_trained = len(data.forget_eval) // 4, (len(data.forget_eval) + len(data.retain_eval)) // 4
