@@ -68,6 +68,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
+    from hf_stable.cli._quiet import silence_known_warnings
+
+    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args, dataset_args)
