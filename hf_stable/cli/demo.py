@@ -114,6 +114,7 @@ def run_demo(output_dir: str = "demo_output", quick: bool = False, stages: str |
     results["quick"] = quick
     mode = "quick" if quick else "full"
     print(f"hf_stable demo ({mode}): {', '.join(names)} into {output_dir}/", flush=True)
+    started = time.perf_counter()
     for name in names:
         print(f"\n== {name}: {TITLES[name]}", flush=True)
         start = time.perf_counter()
@@ -136,9 +137,10 @@ def run_demo(output_dir: str = "demo_output", quick: bool = False, stages: str |
         print(f"   {metric}: {before} -> {after} ({wall:.0f}s)", flush=True)
     rows = [results["stages"][n]["summary"] for n in STAGE_NAMES if n in results["stages"]]
     results["summary"] = rows
+    results["last_run"] = {"stages": names, "wall_time_s": round(time.perf_counter() - started, 1)}
     _write_json(results_path, results)
     print("\n" + _table(rows))
-    print(f"\nall numbers: {results_path}")
+    print(f"\n{len(names)} stage(s) in {results['last_run']['wall_time_s']:.0f}s; all numbers: {results_path}")
     return results
 
 

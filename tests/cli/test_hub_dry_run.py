@@ -171,3 +171,20 @@ def test_expand_push_to_hub():
     ]
     for kept in (["--push_to_hub"], ["--push_to_hub", "--hub_dry_run"], ["--push_to_hub", "False"]):
         assert expand_push_to_hub(kept) == kept
+
+
+def test_trainer_push_files_match_upload_folder(tmp_path, offline):
+    """The training commands' list is what `upload_folder` (called by `Trainer.push_to_hub`) would add."""
+    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS
+
+    from hf_stable.hub_plan import TRAINER_IGNORE_PATTERNS, trainer_push_files
+
+    for name in ("model.safetensors", "config.json", "merged/model.safetensors", "checkpoint-5/model.safetensors",
+                 "_internal.json", ".git/config", "sub/_x.txt", "runs/events.out"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    files = trainer_push_files(tmp_path)
+    assert files == ["config.json", "merged/model.safetensors", "model.safetensors", "runs/events.out", "sub/_x.txt"]
+    ignore = [*TRAINER_IGNORE_PATTERNS, *DEFAULT_IGNORE_PATTERNS]
+    additions = HfApi()._prepare_upload_folder_additions(tmp_path, "", ignore_patterns=ignore)  # no README: offline
+    assert sorted(op.path_in_repo for op in additions) == files and offline == []
