@@ -27,7 +27,7 @@ TITLES = {
     "grpo": "GRPO with LoRA from the SFT model: TRL default vs S-GRPO vs MaxRL (guard + degenerate-run warnings on)",
     "merge": "merging: WSM over the S-GRPO checkpoints, Fisher-Rao of S-GRPO and MaxRL; reload and generate",
     "unlearn": "unlearning: SimNPO on TinyTOFU (forget 20 fictitious authors)",
-    "stability": "stability: an injected LR spike, guard off vs on",
+    "stability": "stability: an injected LR spike, guard off vs on (and a clean run)",
     "push": "push, as a dry run: the planned Hub commit of the Fisher-Rao merge (no network)",
 }
 DEMO_REPO = "your-username/hf-stable-demo"

@@ -27,10 +27,10 @@ class Sizes:
 
 
 FULL = Sizes(
-    sft_steps=1200,
+    sft_steps=2000,
     test_rows=300,
-    grpo_steps=24,
-    grpo_save_every=6,
+    grpo_steps=40,
+    grpo_save_every=10,
     grpo_batch=32,
     unlearn_steps=150,
     guard_steps=80,
@@ -201,12 +201,14 @@ def grpo(ctx) -> dict:
             output_dir=out,
             advantage_estimator=estimator,
             max_steps=s.grpo_steps,
-            learning_rate=3e-3,
+            # a tiny model's policy is fragile: at 1e-3 and above, a few dozen LoRA steps lost most of the SFT
+            # model's exact match in our trials; constant LR, as WSM's checkpoints assume
+            learning_rate=1e-4,
             lr_scheduler_type="constant",
             per_device_train_batch_size=s.grpo_batch,
             num_generations=8 if s.grpo_batch >= 8 else 4,
             max_completion_length=6,
-            temperature=1.0,
+            temperature=0.7,
             beta=0.0,
             logging_steps=1,
             save_strategy="steps",
@@ -405,8 +407,8 @@ def unlearn(ctx) -> dict:
 # ---- 5. stability -------------------------------------------------------------------------------------------------
 def stability(ctx) -> dict:
     """One injected LR blow-up (×1000 for a single update) while fine-tuning the SFT model on fresh rows, with and
-    without `StabilityGuardCallback`: the guard skips, then rolls back to a confirmed snapshot; the unguarded run
-    keeps the damage."""
+    without `StabilityGuardCallback`, next to a clean run: the guard skips, then rolls back to a confirmed snapshot;
+    the unguarded run keeps the damage."""
     from ..callbacks import FaultInjectionCallback, StabilityGuardCallback
     from ..testing import arithmetic_dataset
     from ..trainers.sft import StableSFTConfig, StableSFTTrainer
@@ -416,13 +418,13 @@ def stability(ctx) -> dict:
     s = ctx.sizes
     train = arithmetic_dataset(8 * s.guard_steps, seed=11)
     runs, curves = {}, {}
-    for name in ("unguarded", "guarded"):
+    for name in ("clean", "unguarded", "guarded"):  # clean: no fault, the reference both should reach
         out = ctx.path("stability", name)
         args = StableSFTConfig(
             output_dir=out,
             max_steps=s.guard_steps,
             per_device_train_batch_size=8,
-            learning_rate=1e-3,
+            learning_rate=2e-4,
             lr_scheduler_type="linear",
             max_grad_norm=1.0,
             logging_steps=1,
@@ -433,7 +435,8 @@ def stability(ctx) -> dict:
         trainer = _quiet(
             StableSFTTrainer(model=_load(start)[0], args=args, train_dataset=train, processing_class=tokenizer)
         )
-        FaultInjectionCallback.attach(trainer, kind="lr_scale", steps=[s.spike_step], factor=1000.0)
+        if name != "clean":
+            FaultInjectionCallback.attach(trainer, kind="lr_scale", steps=[s.spike_step], factor=1000.0)
         guard = None
         if name == "guarded":
             guard = StabilityGuardCallback.attach(trainer, snapshot_every=10, min_history=min(20, s.spike_step - 5))
@@ -459,7 +462,7 @@ def stability(ctx) -> dict:
             f"SFT with an injected LR spike at step {s.spike_step}, guard off vs on",
             "train loss, last 5 steps (unguarded -> guarded)",
             f"{runs['unguarded']['final_loss_last5']:.3f}",
-            f"{runs['guarded']['final_loss_last5']:.3f}",
+            f"{runs['guarded']['final_loss_last5']:.3f} (clean run {runs['clean']['final_loss_last5']:.3f})",
             ctx.path("stability"),
         ),
     }

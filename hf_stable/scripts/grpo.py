@@ -6,6 +6,7 @@
 ```bash
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml --accelerate_config ddp
+hf-stable grpo --config examples/configs/grpo_sgrpo.yaml --push_to_hub me/model --hub_dry_run
 ```
 Reward functions are named by registry name (`hf-stable list --family reward_function`, or TRL's `trl.rewards`) or
 by dotted import path.

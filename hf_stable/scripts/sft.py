@@ -6,6 +6,7 @@
 ```bash
 hf-stable sft --config examples/configs/sft_prob.yaml
 hf-stable sft --config examples/configs/sft_prob.yaml --accelerate_config ddp --num_processes 2
+hf-stable sft --config examples/configs/sft_prob.yaml --push_to_hub me/model --hub_dry_run   # the planned commit
 python -m hf_stable.scripts.sft --model_name_or_path ./tiny --synthetic_dataset arithmetic --sft_objective prob_power \
     --output_dir out --use_cpu --bf16 false
 ```

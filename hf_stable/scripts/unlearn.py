@@ -8,6 +8,7 @@ hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable unlearn --model_name_or_path ./model --dataset_name ./my_data --forget_split forget --retain_split retain \
     --unlearn_method simnpo --output_dir out
 hf-stable unlearn --tinytofu_seed 0 --unlearn_method simnpo --output_dir out      # the offline TinyTOFU benchmark
+hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml --push_to_hub me/model --hub_dry_run
 hf-stable unlearn --model_name_or_path ./model --benchmark tofu --forget_split forget10 --data_dir TOFU --output_dir o
 ```
 Every `TrainingArguments`/`ModelConfig` flag works; `UnlearningConfig` adds `unlearn_method`, `retain_loss_type`, ....
