@@ -66,6 +66,7 @@ def test_demo_all_stages_quick(tmp_path):
         d[2] == "rollback" for d in guard["guarded"]["guard_decisions"]
     )
     assert guard["guarded"]["final_loss_last5"] < guard["unguarded"]["final_loss_last5"]
+    assert guard["clean"]["guard_decisions"] == []
     push = stages["push"]
     folder = out / "merge" / "fisher-rao"
     assert set(push["files"]) == {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
