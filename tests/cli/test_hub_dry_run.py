@@ -78,7 +78,6 @@ def _run_script(name: str, argv: list[str]) -> None:
     module.main(*module.make_parser().parse_args_and_config(expand_push_to_hub(argv)))
 
 
-@pytest.mark.slow
 def test_sft_dry_run(tmp_path, tiny_model_dir, offline, capsys):
     out = tmp_path / "out"
     argv = ["--model_name_or_path", tiny_model_dir, "--synthetic_dataset", "arithmetic", "--synthetic_train_size",
@@ -91,7 +90,6 @@ def test_sft_dry_run(tmp_path, tiny_model_dir, offline, capsys):
     assert 'model="me/sft-dry"' in card  # the card a real push writes: it names the Hub id
 
 
-@pytest.mark.slow
 def test_grpo_dry_run(tmp_path, tiny_model_dir, offline, capsys):
     out = tmp_path / "out"
     argv = ["--model_name_or_path", tiny_model_dir, "--synthetic_dataset", "arithmetic", "--synthetic_train_size",
@@ -102,7 +100,6 @@ def test_grpo_dry_run(tmp_path, tiny_model_dir, offline, capsys):
     _check_plan(capsys.readouterr().out, out, "me/grpo-dry", offline)
 
 
-@pytest.mark.slow
 def test_unlearn_dry_run_with_adapters_lists_the_merged_folder(tmp_path, tiny_model_dir, offline, capsys):
     from datasets import Dataset, DatasetDict
 
