@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from peft import LoraConfig
 
-from .._peft_hook import ADAPTER_VARIANTS, VARIANT_KEYS
+from .._peft_hook import ADAPTER_VARIANTS, PEFT_TYPE, SAVED_PEFT_TYPE, VARIANT_KEYS
 
 
 MAP_SCALE_WARNING = "have no effect under MAP"
@@ -94,6 +94,9 @@ class StableLoraConfig(LoraConfig):
             from .. import __version__
 
             values["hf_stable_version"] = __version__
+            # a `peft_type` stock PEFT does not know: without hf_stable the load fails loudly instead of silently
+            # building plain LoRA (see `hf_stable._peft_hook`)
+            values["peft_type"] = SAVED_PEFT_TYPE
         return values
 
     @classmethod
@@ -108,7 +111,10 @@ class StableLoraConfig(LoraConfig):
             )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=f".*{MAP_SCALE_WARNING}")
-            return cls(**{k: v for k, v in values.items() if k in known})
+            kwargs = {k: v for k, v in values.items() if k in known}
+            if kwargs.get("peft_type") == SAVED_PEFT_TYPE:
+                kwargs["peft_type"] = PEFT_TYPE
+            return cls(**kwargs)
 
     @property
     def hf_stable_variant(self) -> str | None:
