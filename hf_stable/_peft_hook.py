@@ -11,6 +11,10 @@ marker as `"LORA"`, and `from_peft_type` builds configs that carry the marker or
 `StableLoraConfig`, which registers the layers that implement the variant. `import hf_stable` must stay cheap, so
 nothing here imports peft: if peft is already loaded the wrappers are installed at once, otherwise a one-shot import
 hook installs them right after `peft.config` runs.
+
+The hook runs inside PEFT's own import, so it must never break it: if those internals have moved (a PEFT release
+outside the pinned range), it warns once, naming the lost feature, and leaves PEFT as it is. MAP/sine folders then
+fail loudly in PEFT's loaders (the `peft_type` marker), and `hf_stable.adapters.load_adapter` still loads them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 
 TARGET = "peft.config"
@@ -30,6 +35,22 @@ SAVED_PEFT_TYPE = (
     "LORA+hf_stable: a MAP/sine adapter, load it with hf_stable (pip install hf-stable; import hf_stable)"
 )
 PEFT_TYPE = "LORA"
+LOST_FEATURE = (
+    "loading MAP/sine adapters through PEFT's own loaders (`PeftModel.from_pretrained`, `AutoPeftModel*`, "
+    "`model.load_adapter`): they will raise; `hf_stable.adapters.load_adapter` still loads them"
+)
+_warned = False
+
+
+def _warn_lost(error: BaseException) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"hf_stable could not hook PEFT's config loading ({type(error).__name__}: {error}); lost: {LOST_FEATURE}. "
+            "This PEFT version is outside the range hf_stable supports.",
+            stacklevel=2,
+        )
 
 
 def is_hf_stable_config(values: dict) -> bool:
@@ -38,9 +59,17 @@ def is_hf_stable_config(values: dict) -> bool:
 
 
 def _wrap(config_module) -> None:
+    try:
+        _install_wrappers(config_module)
+    except Exception as error:  # PEFT's internals moved: never break `import peft`
+        _warn_lost(error)
+
+
+def _install_wrappers(config_module) -> None:
     mixin = config_module.PeftConfigMixin
     if getattr(mixin.from_peft_type, "_hf_stable", False):
         return
+    # both found before either is replaced: half a hook would load configs it cannot resolve
     original = mixin.from_peft_type.__func__
     original_type = mixin._get_peft_type.__func__
 
@@ -55,7 +84,7 @@ def _wrap(config_module) -> None:
         peft_type = original_type(cls, model_id, **kwargs)
         return PEFT_TYPE if peft_type == SAVED_PEFT_TYPE else peft_type
 
-    from_peft_type._hf_stable = True
+    from_peft_type._hf_stable = _get_peft_type._hf_stable = True
     mixin._get_peft_type = classmethod(_get_peft_type)
     mixin.from_peft_type = classmethod(from_peft_type)
 
@@ -77,7 +106,11 @@ class _PeftConfigFinder(importlib.abc.MetaPathFinder):
         if fullname != TARGET:
             return None
         sys.meta_path.remove(self)  # one shot, and no recursion into ourselves
-        spec = importlib.util.find_spec(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception as error:  # the ordinary import then reports the problem itself
+            _warn_lost(error)
+            return None
         if spec is not None and spec.loader is not None:
             spec.loader = _LoaderWrapper(spec.loader)
         return spec

@@ -270,3 +270,82 @@ def test_adapter_saved_with_peft_type_lora_still_loads(saved, tmp_path):
     model = load_adapter(AutoModelForCausalLM.from_pretrained(saved["base"]), str(old))
     with torch.no_grad():
         assert torch.equal(model(input_ids=saved["ids"]).logits, saved["logits"]["map"])
+
+
+# Runs in a fresh interpreter with one PEFT internal the hook needs removed, as a PEFT refactor would.
+# argv = order ("peft_first": peft is loaded before hf_stable; "hf_stable_first": the internal disappears while
+# `peft.config` is being imported under the hook), the attribute, base dir, map dir, expected file, output dir.
+HOOK_BROKEN = textwrap.dedent(
+    """
+    import importlib.abc, importlib.util, json, sys, warnings
+    import torch
+
+    order, attribute, base, map_dir, expected, out = sys.argv[1:]
+    torch.set_num_threads(1)
+    warnings.simplefilter("always")
+    caught = warnings.catch_warnings(record=True)
+    records = caught.__enter__()
+
+    class MovedInternal(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != "peft.config":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            self.loader = spec.loader
+            spec.loader = self
+            return spec
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            self.loader.exec_module(module)
+            delattr(module.PeftConfigMixin, attribute)
+
+    if order == "peft_first":
+        import peft.config
+        delattr(peft.config.PeftConfigMixin, attribute)
+        import hf_stable
+    else:
+        import hf_stable
+        sys.meta_path.insert(1, MovedInternal())  # right after hf_stable's finder, which delegates to it
+    import peft
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    from hf_stable.adapters import load_adapter
+
+    meta = {"removed": not hasattr(peft.config.PeftConfigMixin, attribute)}
+    try:
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), map_dir)
+    except Exception as error:
+        meta["peft_load"] = type(error).__name__
+    else:
+        meta["peft_load"] = None
+    model = load_adapter(AutoModelForCausalLM.from_pretrained(base), map_dir).eval()
+    with torch.no_grad():
+        logits = {"load_adapter": model(input_ids=load_file(expected)["ids"]).logits}
+    meta["warnings"] = [str(w.message) for w in records if "hf_stable could not hook" in str(w.message)]
+    save_file(logits, out + "/logits.safetensors")
+    json.dump(meta, open(out + "/meta.json", "w"))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("order", "attribute"), [("peft_first", "from_peft_type"), ("hf_stable_first", "_get_peft_type")]
+)
+def test_hook_fails_soft_when_peft_internals_move(saved, order, attribute):
+    """`import peft` keeps working, one warning names the lost feature, PEFT's loaders refuse the MAP folder
+    loudly, and `load_adapter` still reproduces the trained logits."""
+    args = [order, attribute, saved["base"], saved["map"], str(saved["root"] / "expected.safetensors")]
+    logits, meta = run_fresh(HOOK_BROKEN, args, str(saved["root"] / f"broken-{order}-{attribute}"))
+    assert meta["removed"] is True
+    assert len(meta["warnings"]) == 1, meta["warnings"]
+    assert (
+        attribute in meta["warnings"][0]
+        and "loading MAP/sine adapters through PEFT's own loaders" in (meta["warnings"][0])
+    )
+    assert meta["peft_load"] in ("KeyError", "AttributeError")  # AttributeError: stock PEFT needs it as well
+    assert torch.equal(logits["load_adapter"], saved["logits"]["map"])
