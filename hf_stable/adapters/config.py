@@ -64,6 +64,7 @@ class StableLoraConfig(LoraConfig):
         self._check_init()  # before PEFT's own checks, so that e.g. LoftQ is refused for what it does to the base
         super().__post_init__()
         self._validate_values()
+        self._refuse_inert_settings()
         variant = self.hf_stable_variant
         if self.use_map and self.use_sine:
             raise ValueError("`use_map` and `use_sine` cannot be combined; choose one variant.")
@@ -103,6 +104,19 @@ class StableLoraConfig(LoraConfig):
             + (f": {reason}" if reason else "")
             + f". Allowed with `use_{variant}`: {allowed}."
         )
+
+    def _refuse_inert_settings(self) -> None:
+        """A variant's settings (the fields named `<variant>_...`) act only with that variant switched on."""
+        for name, key in ADAPTER_VARIANTS.items():
+            if getattr(self, key):
+                continue
+            for setting in variant_settings(name):
+                value, default = getattr(self, setting.name), setting.default
+                if value != default:
+                    raise ValueError(
+                        f"`{setting.name}`={value!r} only acts with `{key}=True`, which is off: set `{key}=True` "
+                        f"or leave `{setting.name}` at its default {default!r}."
+                    )
 
     def _validate_values(self) -> None:
         # `not x > 0` also catches NaN
@@ -152,6 +166,11 @@ class StableLoraConfig(LoraConfig):
     @property
     def hf_stable_variant(self) -> str | None:
         return next((name for name, key in ADAPTER_VARIANTS.items() if getattr(self, key)), None)
+
+
+def variant_settings(variant: str) -> list[dataclasses.Field]:
+    """The `StableLoraConfig` fields of one variant (`"map"`, `"sine"`): those named `<variant>_...`."""
+    return [f for f in dataclasses.fields(StableLoraConfig) if f.name.startswith(f"{variant}_")]
 
 
 def _finite(value) -> bool:
