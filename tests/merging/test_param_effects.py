@@ -113,8 +113,8 @@ def _outcome(name, params, weights):
         return None, str(err)
 
 
-@pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
-def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
+def _case(name, param):
+    """`(context, params, weights, value)`: the parameters of the default run, and those of the changed run."""
     if param in IO_ONLY:
         pytest.skip(IO_ONLY[param])
     method = get_merge_method(name)
@@ -124,17 +124,26 @@ def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
     value = CHANGED_FOR.get((name, param), CHANGED[param])
     if value == "flip":
         value = not declared.default
-    weights = None
-    if param == "weight":
-        params, weights = dict(context), value
-    else:
-        params = {**context, param: value}
     assert value != declared.default, f"{name}.{param}: the changed value equals the default"
+    if param == "weight":
+        return context, dict(context), value, value
+    return context, {**context, param: value}, None, value
+
+
+def _refused_by_name(name, param, default_err, changed_err) -> bool:
+    if default_err is None and changed_err is None:
+        return False
+    err = changed_err if changed_err is not None else default_err
+    assert f"`{param}`" in err or param in err, f"{name}.{param}: refused without naming it: {err}"
+    return True
+
+
+@pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
+def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
+    context, params, weights, value = _case(name, param)
     default_out, default_err = _outcome(name, context, None)
     changed_out, changed_err = _outcome(name, params, weights)
-    if default_err is not None or changed_err is not None:
-        err = changed_err if changed_err is not None else default_err
-        assert f"`{param}`" in err or param in err, f"{name}.{param}: refused without naming it: {err}"
+    if _refused_by_name(name, param, default_err, changed_err):
         return
     assert not torch.equal(default_out, changed_out), f"{name}.{param}={value!r} does not change the merge"
 
@@ -186,24 +195,13 @@ def _recipe_outcome(tmp_path, recipe):
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
 def test_changing_a_recipe_parameter_changes_the_merged_model_or_is_refused(pico_models, tmp_path, name, param):
-    if param in IO_ONLY:
-        pytest.skip(IO_ONLY[param])
-    method = get_merge_method(name)
-    declared = method.param(param)
-    context = {**CONTEXT.get(("*", param), {}), **CONTEXT.get((name, param), {})}
-    context = {k: v for k, v in context.items() if method.param(k) is not None}
-    value = CHANGED_FOR.get((name, param), CHANGED[param])
-    if value == "flip":
-        value = not declared.default
-    weights, params = (value, dict(context)) if param == "weight" else (None, {**context, param: value})
+    context, params, weights, value = _case(name, param)
     key = (name, tuple(sorted(context.items())))
     if key not in _RECIPE_DEFAULTS:
         _RECIPE_DEFAULTS[key] = _recipe_outcome(tmp_path / "default", _recipe(name, context, None, pico_models))
     default_out, default_err = _RECIPE_DEFAULTS[key]
     changed_out, changed_err = _recipe_outcome(tmp_path / "changed", _recipe(name, params, weights, pico_models))
-    if default_err is not None or changed_err is not None:
-        err = changed_err if changed_err is not None else default_err
-        assert f"`{param}`" in err or param in err, f"{name}.{param}: refused without naming it: {err}"
+    if _refused_by_name(name, param, default_err, changed_err):
         return
     assert set(default_out) == set(changed_out)
     assert any(not torch.equal(default_out[k], changed_out[k]) for k in default_out), (
