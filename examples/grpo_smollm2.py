@@ -15,6 +15,8 @@ import argparse
 import os
 import re
 
+from smol_common import cpu_args, smollm2
+
 
 def concise(completions, **kwargs) -> list[float]:
     """Format: at most six words."""
@@ -34,9 +36,9 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_stable import StableGRPOConfig, StableGRPOTrainer
-    from hf_stable.testing import arithmetic_dataset, smollm2_folder
+    from hf_stable.testing import arithmetic_dataset
 
-    folder = smollm2_folder(os.path.join(cache_dir, "smollm2-135m-instruct"))
+    folder = smollm2(cache_dir)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     rows = arithmetic_dataset(64, seed=0, max_operand=9)
@@ -51,7 +53,7 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
         ]
     )
     args = StableGRPOConfig(
-        output_dir=output_dir,
+        **cpu_args(output_dir, steps, seed=0),
         advantage_estimator="sgrpo",
         sgrpo_noise_p=0.1,
         correctness_reward_index=1,
@@ -61,14 +63,6 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
         per_device_train_batch_size=8,
         max_completion_length=12,
         learning_rate=2e-4,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        seed=0,
     )
     trainer = StableGRPOTrainer(
         model=model,
