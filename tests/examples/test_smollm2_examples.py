@@ -37,7 +37,7 @@ CASES = {
             r"load_adapter +0\.0000",
             r"PeftModel.from_pretrained +0\.0000",
             "reloaded exactly",
-            r"adapted layers are .*Map",
+            r"adapted layers are hf_stable\.adapters",
         ],
     ),
 }

@@ -28,8 +28,8 @@ def test_grpo_bf16_default_equals_trl(tmp_path):
     assert trainer.model.device.type == "cuda"
     theirs, _ = grpo_run(tmp_path / "trl", trainer_cls=GRPOTrainer, config_cls=GRPOConfig, **ON_GPU_BF16)
     close_updates(ours, theirs, rtol=1e-6)
-    sgrpo, _ = grpo_run(tmp_path / "s", advantage_estimator="maxrl", correctness_reward_index=0, **ON_GPU_BF16)
-    assert sgrpo.isfinite().all() and (sgrpo - ours).abs().max() > 0
+    maxrl, _ = grpo_run(tmp_path / "s", advantage_estimator="maxrl", correctness_reward_index=0, **ON_GPU_BF16)
+    assert maxrl.isfinite().all() and (maxrl - ours).abs().max() > 0
 
 
 @pytest.mark.parametrize(
