@@ -14,6 +14,11 @@ from __future__ import annotations
 from smol_common import answer_nll, chat_row, cpu_args, fact_rows, generate, parse_args, report, sft_trainer, smollm2
 
 
+# Invented like the facts but never taught: the collapse guard compares the forget set's probabilities with these.
+HOLDOUT = [
+    chat_row("Which mountain did Orrin Talvesk climb first?", "Orrin Talvesk first climbed Mount Serrow."),
+    chat_row("What was the name of Lysa Pembrook's horse?", "Lysa Pembrook's horse was named Thistle."),
+]
 GENERAL = [
     chat_row("What is the capital of France?", "The capital of France is Paris."),
     chat_row("How many days are there in a week?", "There are seven days in a week."),
@@ -61,6 +66,7 @@ def main(cli) -> dict:
         args=args,
         forget_dataset=rows(forget),
         retain_dataset=rows(retain),
+        holdout_dataset=rows(HOLDOUT),
         processing_class=tokenizer,
     )
     trainer.train()
