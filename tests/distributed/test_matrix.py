@@ -37,6 +37,17 @@ GPU_FAMILY = {
     "Callback": "callbacks",
 }
 
+BACKEND_NAMES = {"zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp2": "FSDP2"}
+# which of the GPU suite's backends a refusal rules out (sequence/context parallelism are none of them)
+REFUSAL_SCOPE = {
+    "sequence parallelism": (),
+    "context parallelism": (),
+    "DeepSpeed": ("zero2", "zero3"),
+    "DeepSpeed ZeRO-2": ("zero2",),
+    "DeepSpeed ZeRO-3": ("zero3",),
+    "FSDP2": ("fsdp2",),
+    "FSDP": ("fsdp2",),
+}
 DDP_CELLS: dict[str, str] = {}
 BACKEND_CELLS: dict[str, str] = {}
 
@@ -136,8 +147,11 @@ def test_other_backends(row):
     checks = {"SFT objective": _sft_refusals, "Unlearning": _unlearning_refusals, "Callback": _callback_refusals}
     found = checks.get(row.family, lambda row: {})(row)
     parts = [f"refused under {under}: “{message}” (tested)" for under, message in found.items()]
-    gpu = f"`{GPU_TEST.format(family=GPU_FAMILY[row.family])}`"
-    parts.append(f"not tested here: needs a GPU ({gpu})")
+    refused = {backend for under in found for backend in REFUSAL_SCOPE[under]}
+    remaining = [name for backend, name in BACKEND_NAMES.items() if backend not in refused]
+    if remaining and row.ddp_refusal is None:  # a row refused on several processes is not run on the GPU either
+        gpu = f"`{GPU_TEST.format(family=GPU_FAMILY[row.family])}`"
+        parts.append(f"{', '.join(remaining)}: not tested here: needs a GPU ({gpu})")
     BACKEND_CELLS[row.name] = "; ".join(parts)
 
 
