@@ -43,7 +43,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("script", sorted(CASES))
+@pytest.mark.parametrize("script", sorted(CASES), ids=lambda name: name.removesuffix(".py"))
 def test_example_runs(smollm2_dir, tmp_path, script):
     args, patterns = CASES[script]
     cache = os.path.dirname(smollm2_dir)  # the examples look for <cache>/smollm2-135m-instruct
