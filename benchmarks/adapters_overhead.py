@@ -105,7 +105,7 @@ def run_arm(arm, cli, batch):
 
 
 def main(argv=None):
-    p = parser(__doc__.splitlines()[0], repeats=10, steps=15, warmup=3)
+    p = parser(__doc__.splitlines()[0], repeats=8, steps=8, warmup=2)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--batch_size", type=int, default=12)

@@ -87,7 +87,7 @@ def run_arm(arm, cli, data):
 
 
 def main(argv=None):
-    p = parser(__doc__.splitlines()[0], repeats=8, steps=12, warmup=2)
+    p = parser(__doc__.splitlines()[0], repeats=6, steps=6, warmup=2)
     p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
