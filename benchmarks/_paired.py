@@ -44,7 +44,19 @@ def parser(description: str, *, repeats: int, steps: int, warmup: int) -> argpar
     p.add_argument("--quick", action="store_true", help="minimal sizes (smoke test); writes only to --output_dir")
     p.add_argument("--output_dir", default=None, help=f"where the JSON and Markdown go (default {RESULTS})")
     p.add_argument("--seed", type=int, default=1234, help="seed of the arm order")
+    p.add_argument("--arms", nargs="+", default=None, help="run only these arms (the baseline always runs)")
+    p.add_argument("--name", default=None, help="stem of the result files (default: the script's name)")
     return p
+
+
+def select_arms(cli: argparse.Namespace, arms: Sequence[str], baseline: str) -> list[str]:
+    """The arms to run, in their declared order: all, or `--arms` plus the baseline."""
+    if cli.arms is None:
+        return list(arms)
+    unknown = sorted(set(cli.arms) - set(arms))
+    if unknown:
+        raise ValueError(f"--arms: unknown {unknown}; allowed {list(arms)}.")
+    return [a for a in arms if a in cli.arms or a == baseline]
 
 
 def check_args(cli: argparse.Namespace) -> None:
@@ -276,6 +288,7 @@ def report(
     """Builds the result (one schema for every overhead benchmark), prints the table, writes JSON and Markdown."""
     import torch
 
+    name = cli.name or name
     base_ms = table[baseline]["cpu"]["step_ms_mean"]
     claims = {}
     for arm, target in targets.items():

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from _paired import check_args, parser, quiet, report, run_paired, summarise, time_trainer, trainer_args
+from _paired import check_args, parser, quiet, report, run_paired, select_arms, summarise, time_trainer, trainer_args
 
 
 ARMS = {
@@ -99,13 +99,14 @@ def main(argv=None):
     quiet()
     from hf_stable.testing import arithmetic_dataset
 
+    arms = select_arms(cli, list(ARMS), "trl")
     started = time.time()
     data = arithmetic_dataset(512, max_operand=9)
     per_repeat = run_paired(
-        list(ARMS), lambda arm: run_arm(arm, cli, data), repeats=cli.repeats, baseline="trl", seed=cli.seed
+        arms, lambda arm: run_arm(arm, cli, data), repeats=cli.repeats, baseline="trl", seed=cli.seed
     )
-    table = summarise(per_repeat, list(ARMS), "trl")
-    lengths = {arm: [r["results"][arm]["completion_mean_length"] for r in per_repeat] for arm in ARMS}
+    table = summarise(per_repeat, arms, "trl")
+    lengths = {arm: [r["results"][arm]["completion_mean_length"] for r in per_repeat] for arm in arms}
     equal = len({round(v, 6) for vs in lengths.values() for v in vs if v is not None}) <= 1
     setup = {
         "model": f"Llama hidden {cli.hidden}, {cli.layers} layers, intermediate {2 * cli.hidden}, "
@@ -124,9 +125,9 @@ def main(argv=None):
         setup=setup,
         table=table,
         per_repeat=per_repeat,
-        arms=list(ARMS),
+        arms=arms,
         baseline="trl",
-        targets=TARGETS,
+        targets={arm: target for arm, target in TARGETS.items() if arm in arms},
         started=started,
         notes=notes,
         extra={"equal_work": {"completion_mean_length": lengths, "identical": equal}},
