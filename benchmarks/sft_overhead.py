@@ -11,8 +11,8 @@ order. Arms:
 
 * `trl` — TRL's `SFTTrainer` (the baseline);
 * `nll` — `StableSFTTrainer` at its defaults (delegates the loss to TRL: the null arm, expected at 1.00×);
-* `prob_power`, `threshold` (active normalisation), `auto` (the probe runs in the discarded warm-up steps),
-  `feasible` (sample reweighting), `redi` (sequence objective).
+* `prob_power`, `threshold` (active normalisation), `auto` (its probe runs at train begin, before the first timed
+  step: a one-time cost, not timed), `feasible` (sample reweighting), `redi` (sequence objective).
 
 Protocol and clocks: `benchmarks/_paired.py` (the claims use CPU time: the machine is shared, see there).
 
@@ -106,8 +106,9 @@ def main(argv=None):
     }
     notes = [
         "`nll` delegates the loss to TRL, so its ratio is the trainer's fixed overhead; the token objectives "
-        "compute the loss from the model's log-probabilities themselves; `auto` runs its probe in the "
-        "discarded warm-up steps (a one-time cost); `redi` and `feasible` add per-sequence bookkeeping."
+        "compute the loss from the model's log-probabilities themselves; `auto` runs its probe at train begin, "
+        "before the first timed step (a one-time cost, not timed); `redi` and `feasible` add per-sequence "
+        "bookkeeping."
     ]
     return report(
         "sft_overhead",
