@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _paired import StepClock, check_args, parser, quiet, report, run_paired, summarise
+from _paired import StepClock, check_args, parser, quiet, report, run_paired, select_arms, summarise
 
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -122,12 +122,13 @@ def main(argv=None):
     started = time.time()
     vocab = len(build_tiny_tokenizer())
     batch = torch.randint(3, vocab, (cli.batch_size, cli.seq_len), generator=torch.Generator().manual_seed(0))
-    mem = {arm: memory(arm, cli, batch) for arm in ARMS}
+    arms = select_arms(cli, ARMS, BASELINE)
+    mem = {arm: memory(arm, cli, batch) for arm in arms}
     per_repeat = run_paired(
-        ARMS, lambda arm: run_arm(arm, cli, batch), repeats=cli.repeats, baseline=BASELINE, seed=cli.seed
+        arms, lambda arm: run_arm(arm, cli, batch), repeats=cli.repeats, baseline=BASELINE, seed=cli.seed
     )
-    table = summarise(per_repeat, ARMS, BASELINE)
-    for arm in ARMS:
+    table = summarise(per_repeat, arms, BASELINE)
+    for arm in arms:
         mem[arm]["ratio_vs_lora"] = mem[arm]["training_bytes"] / mem[BASELINE]["training_bytes"]
     setup = {
         "model": f"Llama hidden {cli.hidden}, 4 layers, intermediate {2 * cli.hidden}, vocab {vocab}",
@@ -149,7 +150,7 @@ def main(argv=None):
         setup=setup,
         table=table,
         per_repeat=per_repeat,
-        arms=ARMS,
+        arms=arms,
         baseline=BASELINE,
         targets={},
         started=started,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _paired import check_args, parser, quiet, report, run_paired, summarise, time_trainer, trainer_args
+from _paired import check_args, parser, quiet, report, run_paired, select_arms, summarise, time_trainer, trainer_args
 
 
 ARMS = {
@@ -91,12 +91,13 @@ def main(argv=None):
         cli.repeats, cli.steps, cli.warmup, cli.hidden, cli.layers, cli.batch = 2, 2, 1, 32, 1, 8
     check_args(cli)
     quiet()
+    arms = select_arms(cli, list(ARMS), "trl")
     started = time.time()
     data = dataset(cli.batch * (cli.warmup + cli.steps) // 2 + cli.batch)
     per_repeat = run_paired(
-        list(ARMS), lambda arm: run_arm(arm, cli, data), repeats=cli.repeats, baseline="trl", seed=cli.seed
+        arms, lambda arm: run_arm(arm, cli, data), repeats=cli.repeats, baseline="trl", seed=cli.seed
     )
-    table = summarise(per_repeat, list(ARMS), "trl")
+    table = summarise(per_repeat, arms, "trl")
     setup = {
         "model": f"Llama hidden {cli.hidden}, {cli.layers} layers, intermediate {2 * cli.hidden}, "
         "character tokenizer (vocab 100)",
@@ -116,9 +117,9 @@ def main(argv=None):
         setup=setup,
         table=table,
         per_repeat=per_repeat,
-        arms=list(ARMS),
+        arms=arms,
         baseline="trl",
-        targets=TARGETS,
+        targets={arm: target for arm, target in TARGETS.items() if arm in arms},
         started=started,
         notes=notes,
     )
