@@ -279,6 +279,7 @@ def test_peft_from_peft_type_is_wrapped():
     from hf_stable.adapters import StableLoraConfig
 
     _contract("PeftConfigMixin.from_peft_type", getattr(PeftConfigMixin.from_peft_type, "_hf_stable", False))
+    _contract("PeftConfigMixin._get_peft_type", getattr(PeftConfigMixin._get_peft_type, "_hf_stable", False))
     config = PeftConfigMixin.from_peft_type(peft_type="LORA", r=2, target_modules=["q_proj"], use_map=True)
     _contract("PeftConfigMixin.from_peft_type(**saved)", isinstance(config, StableLoraConfig) and config.use_map)
 
