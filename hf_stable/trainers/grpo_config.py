@@ -14,6 +14,7 @@ from ..losses.policy import LOSS_MODES
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS
 from ..registry import declare_fields
 from ..rewards.stable_rank import INTRINSIC_REWARDS
+from ..stability.config import GRPOStabilityConfigMixin
 from ._base import TokenFreeConfigMixin
 
 
@@ -31,7 +32,7 @@ GRPO_REGISTRIES = (
 
 @dataclass
 @declare_fields(*GRPO_REGISTRIES)
-class StableGRPOConfig(TokenFreeConfigMixin, GRPOConfig):
+class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfig):
     r"""
     Configuration for [`StableGRPOTrainer`]: every [`~trl.GRPOConfig`] field plus the GRPO variants below. With every
     new field at its default the trainer is TRL's `GRPOTrainer`. Composition rules: one advantage estimator, one loss
