@@ -26,6 +26,7 @@ from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.ess import LossModeInputsMixin
 from ..losses.policy import LOSS_MODES, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
@@ -56,7 +57,12 @@ _EXTRA_FORWARD_KEYS = (
 
 
 class StableGRPOTrainer(
-    StabilitySignalsMixin, StableStateMixin, StableTrainerMixin, AdapterOptimizerMixin, GRPOTrainer
+    StabilitySignalsMixin,
+    StableStateMixin,
+    StableTrainerMixin,
+    AdapterOptimizerMixin,
+    LossModeInputsMixin,
+    GRPOTrainer,
 ):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
