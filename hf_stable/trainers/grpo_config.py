@@ -53,7 +53,8 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
         loss_mode (`str`, *optional*, defaults to `"ppo"`):
             `"ppo"` (TRL's surrogate for `loss_type`), `"drpo"` (decoupled reward policy optimisation, arXiv
             2510.04474) or `"onpolicy_sft"` (SFT on the model's own correct, complete samples, arXiv 2602.13407).
-            Both new modes need `beta=0` and no Liger kernel, and replace the advantage estimator.
+            Both new modes need `beta=0` and no Liger kernel, and replace the advantage estimator. `"ess"`: the
+            ESS-adaptive policy loss (P3O, arXiv 1905.01756; `hf_stable.losses.ess`), with `loss_type="dapo"`.
         reward_weighting (`str`, *optional*, defaults to `"static"`):
             `"static"`, `"hypervolume"`, `"gradient"` (both arXiv 2509.11452), `"ctwa"` (arXiv 2602.06869) or
             `"lagrangian"` (arXiv 2310.04373).
@@ -73,7 +74,7 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     delta_l_alpha: float | None = field(
         default=None, metadata={"help": "ΔL normalisation exponent (needs loss_type='dr_grpo'); None: off."}
     )
-    loss_mode: str = field(default="ppo", metadata={"help": "Loss mode: 'ppo', 'drpo' or 'onpolicy_sft'."})
+    loss_mode: str = field(default="ppo", metadata={"help": "Loss mode: 'ppo', 'drpo', 'onpolicy_sft' or 'ess'."})
     reward_weighting: str = field(
         default="static",
         metadata={"help": "Reward-weight controller: 'static', 'hypervolume', 'gradient', 'ctwa' or 'lagrangian'."},
