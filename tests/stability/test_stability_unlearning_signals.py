@@ -1,5 +1,5 @@
 """The step signals of `UnlearningTrainer`: its multi-gradient schemes (StableUN, SGA's auto rate) bypass
-`Trainer.training_step`, so they record the step loss themselves; the guard then sees the same loss the trainer logs."""
+`Trainer.training_step`, so they record the step loss themselves; the guard then sees the loss the trainer logs."""
 
 import pytest
 from unlearn_helpers import GLOBAL_BATCH, METHODS, unlearn_update
