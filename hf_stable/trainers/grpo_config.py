@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ..callbacks.snr_lr import LR_SCALING
-from ..losses import ess as _ess  # noqa: F401  (registers loss_mode='ess' before the fields are generated)
 from ..losses.advantages import ADVANTAGE_ESTIMATORS
 from ..losses.aggregation import LOSS_AGGREGATIONS
 from ..losses.policy import LOSS_MODES
