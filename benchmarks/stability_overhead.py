@@ -26,8 +26,8 @@ Memory: after the `guard` run, the bytes held by its two snapshot slots (candida
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/stability_overhead.py            # ~6 minutes
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/stability_overhead.py --quick    # smoke
-    # the guard alone, resolved more finely: a heavier step, more repeats, its own result files
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/stability_overhead.py --arms off,guard --seq 128 --repeats 12 \
+    # the guard alone, more repeats, its own result files (stability_overhead_guard.*; --seq: a heavier step)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/stability_overhead.py --arms off,guard --repeats 10 \
         --name stability_overhead_guard
 
 Per run the script also records the *median* step time: a step during which another process held the core is an
