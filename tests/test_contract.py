@@ -59,7 +59,8 @@ def trained(tmp_path_factory):
 def test_fused_lm_head_outputs(trained):
     """`trl.trainer.utils.add_fused_lm_head`: `model(..., fused_lm_head=True)` returns per-target log-probs etc."""
     batch = trained._prepare_inputs(trained.data_collator([trained.train_dataset[i] for i in range(3)]))
-    out = trained.model(**batch, fused_lm_head=True)
+    with trained.fused_forward():  # StableSFTTrainer hands back the model's own forward after training
+        out = trained.model(**batch, fused_lm_head=True)
     for field in ("log_probs", "entropy", "is_top1", "label_mask"):
         _contract("FusedCausalLMOutput", getattr(out, field, None) is not None, f"missing field {field!r}")
     targets = batch["labels"][:, 1:] != -100
