@@ -106,6 +106,11 @@ def _plot(path, panels) -> str | None:
     return str(path)
 
 
+def _callback(trainer, cls):
+    """The instance of ``cls`` that the trainer's config attached (its decisions and findings go into the results)."""
+    return next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, cls))
+
+
 def _curve(history, key):
     points = [(h["step"], h[key]) for h in history if key in h]
     return [p[0] for p in points], [p[1] for p in points]
@@ -214,6 +219,10 @@ def grpo(ctx) -> dict:
             save_strategy="steps",
             save_steps=s.grpo_save_every,
             save_only_model=True,
+            # the guard with the trainer's GRPO defaults (gradient-norm spikes only: a GRPO loss carries no spike
+            # information); the degenerate-run warnings are on by default
+            stability_guard=True,
+            stability_guard_kwargs={"min_history": max(2, s.grpo_steps // 3)},
             **COMMON,
         )
         lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -227,9 +236,8 @@ def grpo(ctx) -> dict:
                 peft_config=lora,
             )
         )
-        # GRPO's loss sits near 0 and carries no spike information: the guard watches the gradient norm only
-        guard = StabilityGuardCallback.attach(trainer, loss_z=None, min_history=max(2, s.grpo_steps // 3))
-        degenerate = GRPODegenerateRunCallback.attach(trainer)
+        guard = _callback(trainer, StabilityGuardCallback)
+        degenerate = _callback(trainer, GRPODegenerateRunCallback)
         trainer.train()
         em = _exact_match(trainer.model, tokenizer, ctx)
         merge_and_export(copy.deepcopy(trainer.model), ctx.path("grpo", name, "merged"), tokenizer=tokenizer)
@@ -430,6 +438,10 @@ def stability(ctx) -> dict:
             logging_steps=1,
             max_length=32,
             save_strategy="no",
+            stability_guard=name == "guarded",
+            stability_guard_kwargs={"snapshot_every": 10, "min_history": min(20, s.spike_step - 5)}
+            if name == "guarded"
+            else None,
             **COMMON,
         )
         trainer = _quiet(
@@ -437,9 +449,7 @@ def stability(ctx) -> dict:
         )
         if name != "clean":
             FaultInjectionCallback.attach(trainer, kind="lr_scale", steps=[s.spike_step], factor=1000.0)
-        guard = None
-        if name == "guarded":
-            guard = StabilityGuardCallback.attach(trainer, snapshot_every=10, min_history=min(20, s.spike_step - 5))
+        guard = _callback(trainer, StabilityGuardCallback) if name == "guarded" else None
         trainer.train()
         losses = _curve(trainer.state.log_history, "loss")[1]
         runs[name] = {
