@@ -35,6 +35,16 @@ def main(out_dir, names):
             else:
                 refusals[name] = None
             continue
+        if BY_NAME[name].detects is not None:
+            try:
+                run(name, out_dir, processes=2)
+            except Exception as err:  # the detector's own error type is checked by the test
+                refusals[name] = f"{type(err).__name__}: {err}"
+            from accelerate.utils import gather
+
+            raised = gather(torch.tensor([float(name in refusals)]))
+            refusals[f"{name}/processes_raised"] = int(raised.sum())
+            continue
         out = run(name, out_dir, processes=2)
         state = PartialState()
         assert state.num_processes == 2, f"expected 2 processes, got {state.num_processes}"
@@ -43,6 +53,9 @@ def main(out_dir, names):
 
             replicas = gather(out["update"][None])
             assert torch.equal(replicas[0], replicas[1]), f"{name}: parameters differ between processes"
+            for key in BY_NAME[name].rank_local:
+                replicas = gather(out[key][None])
+                assert torch.equal(replicas[0], replicas[1]), f"{name}: {key} differs between processes"
         for key, value in out.items():
             results[f"{name}/{key}"] = value.contiguous()
     state = PartialState()

@@ -9,14 +9,17 @@ names a test of tests/gpu/ that exists.
 import ast
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 from launch_helpers import launch_two_processes
-from matrix_rows import ROWS, run
+from matrix_rows import MONITORS, ROWS, run
 from safetensors.torch import load_file
 from sft_helpers import assert_same_update
+
+from hf_stable.callbacks import NoGradientError
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -68,12 +71,41 @@ def test_two_processes(ddp, tmp_path, row):
         assert message is not None and row.ddp_refusal in message, message
         DDP_CELLS[row.name] = f"refused on several processes: “{message}” (tested)"
         return
+    if row.detects is not None:
+        message = refusals[row.name]
+        assert refusals[f"{row.name}/processes_raised"] == 2, refusals
+        with pytest.raises(NoGradientError, match=row.detects) as err:
+            run(row.name, str(tmp_path), processes=1)
+        # the same diagnosis on every layout (object ids aside)
+        assert _without_ids(message) == _without_ids(f"NoGradientError: {err.value}")
+        summary = str(err.value).split(":")[0]
+        DDP_CELLS[row.name] = (
+            f"raises on each of the 2 processes, as on 1 process: “NoGradientError: {summary}…” (tested)"
+        )
+        return
     single = run(row.name, str(tmp_path), processes=1)
     assert_same_update(results[f"{row.name}/update"], single["update"], rtol=1e-5)
     for key, value in single.items():
-        if key != "update":
-            torch.testing.assert_close(results[f"{row.name}/{key}"], value, rtol=1e-6, atol=1e-7, msg=key)
+        if key == "update" or key in row.rank_local:
+            continue
+        # logged monitor values are computed from the weights, whose fp32 rounding differs between the layouts
+        rtol, atol = (1e-5, 1e-6) if key == "logged" else (1e-6, 1e-7)
+        torch.testing.assert_close(results[f"{row.name}/{key}"], value, rtol=rtol, atol=atol, msg=key)
     DDP_CELLS[row.name] = "2-process DDP equals 1 process on the same global batch (tested)"
+    if row.rank_local:
+        for key in row.rank_local:
+            assert torch.isfinite(results[f"{row.name}/{key}"]).all() and torch.isfinite(single[key]).all(), key
+        keys = ", ".join(f"`{key}`" for key in row.rank_local)
+        DDP_CELLS[row.name] = (
+            "2-process DDP gives 1 process's gradient on the same global batch (tested); "
+            f"{keys} is rank-local by design: estimated from each process's own micro-batch gradients (under DDP "
+            "all but the last, which DDP has already averaged) and pooled across processes, so it is equal on "
+            "every process (tested); it need not equal 1 process's estimate"
+        )
+
+
+def _without_ids(message):
+    return re.sub(r"0x[0-9a-f]+", "0x…", message)
 
 
 def _sft_refusals(row):
@@ -118,15 +150,40 @@ def _unlearning_refusals(row):
     return found
 
 
+def _monitor_refusals(row):
+    """The monitors read whole weight matrices: ZeRO-3's partitioned parameters (marked by ``ds_id``) are refused."""
+    from transformers import TrainerControl, TrainerState
+
+    from hf_stable.callbacks import MSignCallback, RepresentationDriftCallback, StableRankMonitorCallback
+
+    model = torch.nn.Linear(4, 4)
+    for parameter in model.parameters():
+        parameter.ds_id = 0
+    callback = {
+        "stable_rank_monitor": lambda: StableRankMonitorCallback(),
+        "msign": lambda: MSignCallback(),
+        "representation_drift": lambda: RepresentationDriftCallback(
+            probe_dataset={"input_ids": torch.ones(3, 2, dtype=torch.long)}, name="matrix-refusal"
+        ),
+    }[row.name]()
+    with pytest.raises(ValueError, match="ZeRO-3") as err:
+        callback.on_train_begin(SimpleNamespace(), TrainerState(), TrainerControl(), model=model)
+    return {"DeepSpeed ZeRO-3": str(err.value)}
+
+
 def _callback_refusals(row):
     """The stability guard's default action rolls back from snapshots, which DeepSpeed (memory snapshots) and FSDP
-    refuse at train begin; the backend is read from the arguments as accelerate sets them."""
-    if row.name != "stability_guard":
+    refuse at train begin; the backend is read from the arguments as accelerate sets them. The config flag
+    (`stability_guard=True`) attaches the same callback with `stability_guard_kwargs`."""
+    if row.name in MONITORS:
+        return _monitor_refusals(row)
+    if row.name not in ("stability_guard", "sft_stability_guard_flag"):
         return {}
     from transformers import TrainerControl, TrainerState
 
     from hf_stable.callbacks import StabilityGuardCallback
 
+    kwargs = row.config.get("stability_guard_kwargs", {})
     launched = {
         "DeepSpeed": SimpleNamespace(deepspeed_plugin=object(), fsdp=None, max_grad_norm=0.0),
         "FSDP": SimpleNamespace(deepspeed_plugin=None, fsdp=["full_shard"], max_grad_norm=0.0),
@@ -134,7 +191,7 @@ def _callback_refusals(row):
     found = {}
     for under, args in launched.items():
         try:
-            StabilityGuardCallback().on_train_begin(args, TrainerState(), TrainerControl())
+            StabilityGuardCallback(**kwargs).on_train_begin(args, TrainerState(), TrainerControl())
         except ValueError as err:
             found[under] = str(err)
     assert set(found) == set(launched), found
@@ -149,7 +206,12 @@ def test_other_backends(row):
     parts = [f"refused under {under}: “{message}” (tested)" for under, message in found.items()]
     refused = {backend for under in found for backend in REFUSAL_SCOPE[under]}
     remaining = [name for backend, name in BACKEND_NAMES.items() if backend not in refused]
-    if remaining and row.ddp_refusal is None:  # a row refused on several processes is not run on the GPU either
+    if remaining and row.detects is not None:
+        parts.append(
+            f"{', '.join(remaining)}: not tested (the GPU suite skips detector rows; under DeepSpeed the check after "
+            "the first backward is skipped with a warning, the gradients living inside the engine)"
+        )
+    elif remaining and row.ddp_refusal is None:  # a row refused on several processes is not run on the GPU either
         gpu = f"`{GPU_TEST.format(family=GPU_FAMILY[row.family])}`"
         parts.append(f"{', '.join(remaining)}: not tested here: needs a GPU ({gpu})")
     BACKEND_CELLS[row.name] = "; ".join(parts)

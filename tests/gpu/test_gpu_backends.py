@@ -23,6 +23,9 @@ BACKENDS = ["zero2", "zero3", "fsdp2"]
 REFUSED = {"zero3": ("Unlearning",), "fsdp2": ("Unlearning",)}
 # the guard's default action rolls back from snapshots: refused under DeepSpeed (without disk snapshots) and FSDP
 REFUSED_ROWS = {"zero2": ("stableun", "stability_guard"), "zero3": ("stability_guard",), "fsdp2": ("stability_guard",)}
+# the config flag stability_guard=True attaches the same guard; the monitors refuse ZeRO-3's partitioned weights
+REFUSED_ROWS = {backend: (*rows, "sft_stability_guard_flag") for backend, rows in REFUSED_ROWS.items()}
+REFUSED_ROWS["zero3"] += ("stable_rank_monitor", "msign", "representation_drift")
 
 
 def _rows(family, backend):
@@ -30,7 +33,7 @@ def _rows(family, backend):
 
     if family in REFUSED.get(backend, ()):
         pytest.skip(f"{family} is refused under {backend} (tested on the CPU)")
-    rows = [r.name for r in ROWS if r.family == family and r.ddp_refusal is None]
+    rows = [r.name for r in ROWS if r.family == family and r.ddp_refusal is None and r.detects is None]
     if family == "SFT objective" and backend.startswith("zero"):
         # threshold_normalization='active' is refused under DeepSpeed (tested on the CPU); 'supervised' runs
         rows = [n for n in rows if "threshold_supervised" in n or ("threshold" not in n and n != "bottom_logp")]
