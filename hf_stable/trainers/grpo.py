@@ -25,7 +25,7 @@ from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
-from ..losses.policy import LOSS_MODES, sequence_logp
+from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
@@ -276,14 +276,18 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
             ids,
             attention,
             inputs["completion_ids"].size(1),
             compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            # TRL's correction of the vLLM sampler/trainer mismatch, for every loss mode
+            per_token_logps = importance_weighted(per_token_logps, inputs["importance_sampling_ratio"])
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         # TRL's `dapo` normaliser: the loss tokens of the generation batch, per process and accumulation window
         step_tokens = inputs["num_items_in_batch"].float() / self.accelerator.num_processes
@@ -302,6 +306,9 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
             metric = f"stable/grpo/{self.args.loss_mode}/{key}"
             self._metrics[mode][metric].append(self.accelerator.gather(value).mean().item())
         self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).mean().item())
+        if self.aux_loss_enabled:  # TRL's MoE load-balancing loss, scaled for accumulation as TRL does
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         totals = self.accelerator.reduce(torch.stack([(entropies * mask).sum(), mask.sum().float()]), reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1)).item())
         return loss
