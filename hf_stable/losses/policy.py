@@ -239,7 +239,7 @@ class DRPOMode:
     beta: float = 1e3
     kl_type: str = "kl"
     neg_weighting: str = "softmax_old"
-    correctness_index: int | None = None
+    correctness_index: int | str | None = None
     success_threshold: float = 0.5
 
     def needs_old_logps(self) -> bool:
@@ -314,7 +314,7 @@ class OnPolicySFTMode:
 
     require_eos: bool = True
     norm: str = "tokens"
-    correctness_index: int | None = None
+    correctness_index: int | str | None = None
     success_threshold: float = 0.5
 
     def needs_old_logps(self) -> bool:

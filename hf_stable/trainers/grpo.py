@@ -19,11 +19,10 @@ import re
 import torch
 from trl import GRPOTrainer
 
-from .._validation import check_int
 from ..callbacks.hypervolume import HypervolumeCallback
 from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback
 from ..cards import CardSections
-from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore
+from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
 from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
@@ -94,7 +93,9 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
             extra_reward.bind(self)
 
         k = len(self.reward_funcs)
-        check_int("correctness_reward_index", args.correctness_reward_index, low=0, high=k - 1, allow_none=True)
+        check_correctness_index(
+            "correctness_reward_index", args.correctness_reward_index, k, required=bool(args.success_counters())
+        )
         transform = REWARD_TRANSFORMS.active(args)
         self._transform = transform(k, **transform.params_from(args)) if transform is not None else None
         weighting = REWARD_WEIGHTINGS.get(args.reward_weighting)

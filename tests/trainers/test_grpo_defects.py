@@ -1,0 +1,56 @@
+"""Regression tests for the GRPO defects found in review (issue 11 §2), each failing on the code before its fix."""
+
+import pytest
+import torch
+from grpo_helpers import G, grpo_run
+
+from hf_stable import StableGRPOConfig
+from hf_stable.losses.advantages import ADVANTAGE_ESTIMATORS, scalar_rewards, success_indicator
+
+
+SUCCESS_COUNTERS = {
+    "sgrpo": {"advantage_estimator": "sgrpo"},
+    "maxrl": {"advantage_estimator": "maxrl"},
+    "drpo": {"loss_mode": "drpo"},
+    "onpolicy_sft": {"loss_mode": "onpolicy_sft"},
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# success counting
+
+
+@pytest.mark.parametrize("name", sorted(SUCCESS_COUNTERS))
+def test_success_counting_needs_the_correctness_index_with_several_rewards(tmp_path, name):
+    """Two reward functions (correctness and a length penalty) and no index: refused, naming the field, instead of
+    binarising the sum of both at 0.5."""
+    with pytest.raises(ValueError, match="`correctness_reward_index` is required with 2 reward functions"):
+        grpo_run(tmp_path, **SUCCESS_COUNTERS[name])
+
+
+def test_explicit_sum_keeps_the_weighted_sum(tmp_path):
+    """`correctness_reward_index="sum"` counts successes on the weighted sum of every reward (the old behaviour)."""
+    _, trainer = grpo_run(tmp_path, advantage_estimator="maxrl", correctness_reward_index="sum")
+    rewards = torch.stack([torch.tensor(list(v)) for v in trainer._logs["rewards"].values()], dim=1)
+    used = torch.tensor(list(trainer._logs["advantages"]))
+    success = (scalar_rewards(rewards, trainer.reward_weights) > 0.5).float().reshape(-1, G)
+    k = success.sum(1, keepdim=True)  # MaxRL with T = G: (r - r̄)/r̄, 0 without a success
+    expected = torch.where(k > 0, (success - k / G) / (k / G).clamp(min=1e-12), torch.zeros_like(success))
+    torch.testing.assert_close(used, expected.reshape(-1), rtol=1e-6, atol=1e-6)
+    assert used.abs().max() > 0
+
+
+def test_single_reward_counts_on_its_own_value_not_its_weight():
+    rewards = torch.tensor([[1.0], [0.0], [1.0], [float("nan")]])
+    got = success_indicator(rewards, torch.tensor([0.4]), None, 0.5)
+    torch.testing.assert_close(got, torch.tensor([1.0, 0.0, 1.0, float("nan")]), equal_nan=True)
+    with pytest.raises(ValueError, match="correctness_reward_index"):
+        success_indicator(torch.ones(4, 2), torch.ones(2), None, 0.5)
+
+
+def test_correctness_index_from_yaml_or_cli_is_an_integer(tmp_path):
+    config = StableGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", correctness_reward_index="1")
+    assert config.correctness_reward_index == 1
+    with pytest.raises(ValueError, match="correctness_reward_index"):
+        StableGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", correctness_reward_index="all")
+    assert ADVANTAGE_ESTIMATORS.get("sgrpo").params_from(config)["correctness_index"] == 1
