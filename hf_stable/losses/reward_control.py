@@ -92,6 +92,12 @@ class RewardWeightController:
         pass
 
 
+def default_ctwa_target(num_objectives: int) -> float:
+    """`0.5/sqrt(K)`: K independent, equally weighted objectives of equal spread each correlate `1/sqrt(K)` with the
+    z-scored advantage of their sum; an objective below half that share is under-served."""
+    return 0.5 / math.sqrt(num_objectives)
+
+
 @REWARD_WEIGHTINGS.register(
     "ctwa",
     paper=PAPERS["ctwa"],
@@ -100,7 +106,8 @@ class RewardWeightController:
         Field(
             "ctwa_cov_targets",
             None,
-            "CTWA covariance targets per objective (default 0.1 each).",
+            "CTWA targets per objective: correlations with `ctwa_use_corr` (default `0.5/sqrt(K)` each, half the "
+            "correlation of K equally served objectives), covariances in reward units without it (then required).",
             param="cov_targets",
             type=list[float] | None,
         ),
@@ -108,8 +115,8 @@ class RewardWeightController:
         Field("ctwa_ema_tau", 0.1, "CTWA EMA rate of the covariances.", check=number(low=0, high=1), param="ema_tau"),
         Field(
             "ctwa_use_corr",
-            False,
-            "Correlation instead of covariance (scale-free targets).",
+            True,
+            "Correlation instead of covariance: scale-free targets (covariances need targets in each reward's units).",
             check=boolean(),
             param="use_corr",
         ),
@@ -142,7 +149,7 @@ class CTWAController(RewardWeightController):
         cov_targets=None,
         lambda_lr=0.05,
         ema_tau=0.1,
-        use_corr=False,
+        use_corr=True,
         obj_targets=None,
         max_log_weight=None,
     ):
@@ -155,7 +162,12 @@ class CTWAController(RewardWeightController):
         self.lambda_lr, self.ema_tau, self.use_corr, self.max_log_weight = lambda_lr, ema_tau, use_corr, max_log_weight
         self.log_weights = torch.log(self.base)
         self.ema: torch.Tensor | None = None
-        self.targets = torch.tensor(cov_targets if cov_targets is not None else [0.1] * k)
+        if cov_targets is None and not use_corr:
+            raise ValueError(
+                "`ctwa_cov_targets` is required with ctwa_use_corr=False: covariance targets are in the units of each "
+                "reward (times the advantage's); no default fits every reward scale."
+            )
+        self.targets = torch.tensor(cov_targets if cov_targets is not None else [default_ctwa_target(k)] * k)
         self.obj_targets = torch.tensor(obj_targets) if obj_targets is not None else None
 
     @property

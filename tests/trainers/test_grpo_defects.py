@@ -54,3 +54,47 @@ def test_correctness_index_from_yaml_or_cli_is_an_integer(tmp_path):
     with pytest.raises(ValueError, match="correctness_reward_index"):
         StableGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", correctness_reward_index="all")
     assert ADVANTAGE_ESTIMATORS.get("sgrpo").params_from(config)["correctness_index"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CTWA defaults: correlation targets
+
+
+def long_reward(completions, **kwargs):
+    """Conflicts with correctness: the rollout's correct answers are its shortest completions."""
+    return [0.1 * len(c) for c in completions]
+
+
+def long_reward_x10(completions, **kwargs):
+    return [1.0 * len(c) for c in completions]
+
+
+def test_ctwa_defaults_move_the_weights_on_a_conflict(tmp_path):
+    from hf_stable.testing import arithmetic_reward
+
+    rewards = (arithmetic_reward, long_reward)
+    _, trainer = grpo_run(tmp_path, reward_funcs=rewards, reward_weighting="ctwa", max_steps=3)
+    weights = trainer._controller.weights
+    assert not torch.allclose(weights, torch.ones(2)), weights
+    deficits = [v for log in trainer.state.log_history for k, v in log.items() if "ctwa/deficit_" in k]
+    assert max(deficits) > 0
+
+
+def test_ctwa_defaults_are_scale_free(tmp_path):
+    """A reward ×10 with its weight ÷10 trains identically; the default (correlation) targets then move the weights
+    identically too, up to the ÷10 (raw covariance targets did not: the covariance scales with the reward)."""
+    from hf_stable.testing import arithmetic_reward
+
+    config = {"reward_weighting": "ctwa", "max_steps": 3}
+    _, a = grpo_run(tmp_path / "a", reward_funcs=(arithmetic_reward, long_reward), **config)
+    _, b = grpo_run(
+        tmp_path / "b", reward_funcs=(arithmetic_reward, long_reward_x10), reward_weights=[1.0, 0.1], **config
+    )
+    moved = a._controller.weights
+    assert not torch.allclose(moved, torch.ones(2))
+    torch.testing.assert_close(b._controller.weights, moved * torch.tensor([1.0, 0.1]), rtol=1e-4, atol=1e-6)
+
+
+def test_ctwa_covariance_without_targets_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="`ctwa_cov_targets` is required with ctwa_use_corr=False"):
+        grpo_run(tmp_path, reward_weighting="ctwa", ctwa_use_corr=False)

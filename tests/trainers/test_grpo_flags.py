@@ -56,7 +56,7 @@ ALTERNATIVES = {
     "ctwa_cov_targets": [0.9, 0.0],
     "ctwa_lambda_lr": 0.5,
     "ctwa_ema_tau": 0.9,
-    "ctwa_use_corr": True,
+    "ctwa_use_corr": False,
     "ctwa_obj_targets": [-10.0, -10.0],
     "ctwa_max_log_weight": -1.0,
     "lagrange_thresholds": [None, -10.0],
@@ -113,6 +113,7 @@ BASES = {
 for _name in ("ctwa_cov_targets", "ctwa_lambda_lr", "ctwa_ema_tau", "ctwa_use_corr", "ctwa_obj_targets"):
     BASES[_name] = _THREE_STEPS
 BASES["ctwa_max_log_weight"] = _TWO_STEPS
+BASES["ctwa_use_corr"] = {"ctwa_cov_targets": [0.3, 0.3], **_THREE_STEPS}  # covariances need explicit targets
 
 
 class _Rising:
