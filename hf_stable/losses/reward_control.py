@@ -93,9 +93,9 @@ class RewardWeightController:
 
 
 def default_ctwa_target(num_objectives: int) -> float:
-    """`0.5/sqrt(K)`: K independent, equally weighted objectives of equal spread each correlate `1/sqrt(K)` with the
-    z-scored advantage of their sum; an objective below half that share is under-served."""
-    return 0.5 / math.sqrt(num_objectives)
+    """`1/sqrt(K)`: the correlation with the z-scored advantage of their sum that each of K independent, equally
+    weighted objectives of equal spread has; an objective below that equal share gets its weight raised."""
+    return 1.0 / math.sqrt(num_objectives)
 
 
 @REWARD_WEIGHTINGS.register(
@@ -106,8 +106,8 @@ def default_ctwa_target(num_objectives: int) -> float:
         Field(
             "ctwa_cov_targets",
             None,
-            "CTWA targets per objective: correlations with `ctwa_use_corr` (default `0.5/sqrt(K)` each, half the "
-            "correlation of K equally served objectives), covariances in reward units without it (then required).",
+            "CTWA targets per objective: correlations with `ctwa_use_corr` (default `1/sqrt(K)` each, the correlation "
+            "of K equally served objectives), covariances in reward units without it (then required).",
             param="cov_targets",
             type=list[float] | None,
         ),
@@ -266,7 +266,8 @@ class LagrangianController(RewardWeightController):
         Field(
             "drw_target_params",
             None,
-            "Regex of the parameters whose gradients are compared (default: all trainable).",
+            "Regex of the parameters whose gradients are compared (default: the last transformer block's); memory: "
+            "K+1 fp32 copies of their gradients (K reward functions).",
             param="target_params",
             type=str | None,
         ),

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 
 import torch
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
 from ..callbacks.hypervolume import HypervolumeCallback
-from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback
+from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback, tracked_parameters
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
@@ -223,44 +223,49 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
         """Per-token log-probs of the current (= sampling) policy: one extra no-grad forward."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            return self._extra_forward(self.model, out, ids, mask)
+
+    def _extra_forward(self, model, out, ids, mask) -> torch.Tensor:
+        """Per-token log-probs of the completions in ``out`` by a forward of our own, with the vision-language inputs
+        TRL's own forwards pass (images, grids, token types)."""
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, ids, mask, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+            model,
+            ids,
+            mask,
+            out["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+            **{key: out.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
         return logps
 
     def _influence_scores(self, out, rewards, num_generations) -> torch.Tensor:
         """Influence scores `Σ_j <g_k, g_j>` of the per-objective policy gradients `g_k` of `Σ_i A_{k,i} s(o_i)` on
-        this generation batch (rank-local, all-reduced)."""
-        target = self._controller.target_params
-        pattern = re.compile(target) if target else None
+        this generation batch (rank-local, all-reduced). Memory: the K flat fp32 gradients of the compared parameters
+        (`drw_target_params`) plus one objective's gradients while it is copied in, `(K+1)·4·n` bytes for `n`
+        parameters."""
         model = self.accelerator.unwrap_model(self.model)  # no DDP hooks: gradients are reduced by hand
-        params = [p for n, p in model.named_parameters() if p.requires_grad and (pattern is None or pattern.search(n))]
-        if not params:
-            raise ValueError(f"`drw_target_params`={target!r} matches no trainable parameter.")
+        target = self._controller.target_params
+        params = [p for _, p in tracked_parameters(model.named_parameters(), target, "drw_target_params")]
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         with torch.enable_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model, ids, mask, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
-            )
+            logps = self._extra_forward(model, out, ids, mask)
             s = sequence_logp(logps, out["completion_mask"])
             n_local = s.shape[0]
             local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-            grads = []
+            grads = torch.zeros(rewards.shape[1], sum(p.numel() for p in params), device=s.device)
             for k in range(rewards.shape[1]):
                 a_k = group_zscore(rewards[:, k], num_generations, self.args.scale_rewards)[local].to(s)
                 g = torch.autograd.grad(
                     (a_k * s).sum() / rewards.shape[0], params, retain_graph=True, allow_unused=True
                 )
-                grads.append(
-                    torch.cat(
-                        [
-                            (x if x is not None else torch.zeros_like(p)).reshape(-1)
-                            for x, p in zip(g, params, strict=True)
-                        ]
-                    )
-                )
-        grads = torch.stack(grads)
+                offset = 0
+                for x, p in zip(g, params, strict=True):
+                    if x is not None:
+                        grads[k, offset : offset + p.numel()] = x.reshape(-1)
+                    offset += p.numel()
+                del g
         if self.accelerator.num_processes > 1:
             grads = self.accelerator.reduce(grads, reduction="sum")
         return influence_scores(grads)

@@ -98,3 +98,79 @@ def test_ctwa_defaults_are_scale_free(tmp_path):
 def test_ctwa_covariance_without_targets_is_refused(tmp_path):
     with pytest.raises(ValueError, match="`ctwa_cov_targets` is required with ctwa_use_corr=False"):
         grpo_run(tmp_path, reward_weighting="ctwa", ctwa_use_corr=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# memory of the gradient statistics: a small default subset
+
+
+def test_gradient_statistics_default_to_the_last_block():
+    from hf_stable.callbacks.snr_lr import tracked_parameters
+    from hf_stable.testing import build_tiny_model
+
+    model, _ = build_tiny_model(seed=0)
+    names = [n for n, _ in tracked_parameters(model.named_parameters(), None, "oblr_snr_params")]
+    assert names and all(n.startswith("model.layers.1.") for n in names)
+    assert len(names) == sum(n.startswith("model.layers.1.") for n, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="`drw_target_params`='nothing'"):
+        tracked_parameters(model.named_parameters(), "nothing", "drw_target_params")
+
+
+def test_snr_tracker_holds_one_flat_copy_between_micro_batches():
+    """Between micro-batches only the running sum (n floats) is held; the pre-micro-batch copy is released."""
+    from hf_stable.callbacks.snr_lr import MicroBatchSNR
+
+    layer = torch.nn.Linear(3, 2)
+    tracker = MicroBatchSNR(layer.named_parameters())
+    n = sum(p.numel() for p in layer.parameters())
+    for step in range(2):
+        tracker.before_backward()
+        layer(torch.randn(4, 3)).pow(2).sum().backward()
+        tracker.after_backward(usable=True)
+        held = [t for t in (tracker._before, tracker._sum) if t is not None]
+        assert [t.numel() for t in held] == [n], step
+    assert tracker._count == 2
+
+
+def test_gradient_weighting_compares_the_last_block_by_default(tmp_path):
+    config = {"reward_weighting": "gradient", "learning_rate": 1e-6, "max_steps": 2}
+    _, default = grpo_run(tmp_path / "a", **config)
+    _, explicit = grpo_run(tmp_path / "b", drw_target_params=r"^model\.layers\.1\.", **config)
+    _, everything = grpo_run(tmp_path / "c", drw_target_params=".", **config)
+    torch.testing.assert_close(default._controller.weights, explicit._controller.weights, rtol=0, atol=0)
+    assert not torch.equal(default._controller.weights, everything._controller.weights)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# extra forward passes: vision-language inputs and gradient checkpointing
+
+
+def test_extra_forwards_pass_vlm_inputs_and_disable_checkpointing(tmp_path, monkeypatch):
+    """DRPO's old log-probs forward gets the image inputs TRL's forwards get, and runs with gradient checkpointing
+    off (TRL's handling of its own no-grad forwards)."""
+    from trl import GRPOTrainer
+
+    seen = []
+    real = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def spy(self, model, *args, **kwargs):
+        unwrapped = self.accelerator.unwrap_model(model)
+        seen.append((kwargs.get("image_sizes"), unwrapped.is_gradient_checkpointing))
+        return real(self, model, *args, **{k: v for k, v in kwargs.items() if k != "image_sizes"})
+
+    _, trainer = grpo_run(
+        tmp_path, loss_mode="drpo", correctness_reward_index=0, gradient_checkpointing=True, max_steps=1
+    )
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", spy)
+    out = {
+        "prompt_ids": torch.tensor([[5, 6]]),
+        "prompt_mask": torch.ones(1, 2, dtype=torch.long),
+        "completion_ids": torch.tensor([[7, 8, 9]]),
+        "completion_mask": torch.ones(1, 3, dtype=torch.long),
+        "image_sizes": "sentinel",
+    }
+    trainer.model.train()
+    assert trainer.accelerator.unwrap_model(trainer.model).is_gradient_checkpointing
+    trainer._policy_logps(out)
+    assert seen == [("sentinel", False)]
+    assert trainer.accelerator.unwrap_model(trainer.model).is_gradient_checkpointing  # restored

@@ -14,6 +14,7 @@ from grpo_helpers import G, grpo_run
 from trl import GRPOConfig
 
 from hf_stable import StableGRPOConfig
+from hf_stable.testing import arithmetic_reward
 from hf_stable.trainers.grpo_config import GRPO_REGISTRIES
 
 
@@ -105,15 +106,27 @@ BASES = {
     "drw_eval_every": _THREE_STEPS,
     "drw_val_size": {"_rewards": "rising", **_THREE_STEPS},
     "stable_rank_model": _TWO_STEPS,
-    "oblr_snr_ema": {"max_steps": 3, "gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 0.0},
+    # the embeddings' SNR is non-zero from the second step on this task
+    "oblr_snr_ema": {
+        "max_steps": 3,
+        "gradient_accumulation_steps": 2,
+        "oblr_lr_min_ratio": 0.0,
+        "oblr_snr_params": "embed",
+    },
     "oblr_lr_min_ratio": {"gradient_accumulation_steps": 2},
     "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 0.0, **_TWO_STEPS},
 }
 # every case of a controller's field runs long enough for its weights to act
-for _name in ("ctwa_cov_targets", "ctwa_lambda_lr", "ctwa_ema_tau", "ctwa_use_corr", "ctwa_obj_targets"):
-    BASES[_name] = _THREE_STEPS
-BASES["ctwa_max_log_weight"] = _TWO_STEPS
+# (on a conflict: correct answers are the rollout's shortest, a reward for length under-serves one objective)
+for _name in ("ctwa_cov_targets", "ctwa_lambda_lr", "ctwa_ema_tau", "ctwa_obj_targets"):
+    BASES[_name] = {"_rewards": "conflict", **_THREE_STEPS}
+BASES["ctwa_max_log_weight"] = {"_rewards": "conflict", **_TWO_STEPS}
+BASES["ctwa_ema_tau"] = {"_rewards": "conflict", "max_steps": 4}  # the first two correlations coincide here
 BASES["ctwa_use_corr"] = {"ctwa_cov_targets": [0.3, 0.3], **_THREE_STEPS}  # covariances need explicit targets
+
+
+def long_reward(completions, **kwargs):
+    return [0.1 * len(c) for c in completions]
 
 
 class _Rising:
@@ -140,8 +153,11 @@ def test_every_grpo_field_is_covered():
 
 def _update(tmp_path, config):
     config = dict(config)
-    if config.pop("_rewards", None) == "rising":
+    rewards = config.pop("_rewards", None)
+    if rewards == "rising":
         config["reward_funcs"] = (_Rising("rising_a", 1.0), _Rising("rising_b", 0.5))
+    elif rewards == "conflict":
+        config["reward_funcs"] = (arithmetic_reward, long_reward)
     grad_accum = config.pop("gradient_accumulation_steps", 1)
     delta, _ = grpo_run(tmp_path, batch_size=2 * G // grad_accum, grad_accum=grad_accum, **config)
     return delta
