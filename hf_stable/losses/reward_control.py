@@ -274,7 +274,8 @@ class LagrangianController(RewardWeightController):
         Field(
             "drw_every_n_steps",
             1,
-            "Steps between updates (each costs one forward and K backwards).",
+            "Optimizer steps between updates, checked at each generation (each update costs one forward and K "
+            "backwards).",
             check=integer(low=1),
             param="every_n_steps",
         ),
@@ -290,24 +291,32 @@ class GradientController(RewardWeightController):
         super().__init__(base_weights)
         self.regularization, self.target_params, self.every_n_steps = regularization, target_params, every_n_steps
         self.current = self.base / self.base.sum()
+        self.last_step: int | None = None  # optimizer step of the last update
 
     @property
     def weights(self):
         return self.current
 
     def observe(self, rewards, advantages, num_generations, context):
-        if context.step % self.every_n_steps:
+        # counted in optimizer steps since the last update: generations need not fall on multiples of n (one every
+        # `steps_per_generation · num_iterations` steps)
+        if self.last_step is not None and context.step - self.last_step < self.every_n_steps:
             return {}
+        self.last_step = context.step
         scores = context.influence()
         self.current = gradient_weight_update(self.current, scores, context.learning_rate, self.regularization)
         out = {f"drw/score_{k}": v for k, v in enumerate(scores.tolist())}
         return {**out, **{f"drw/weight_{k}": v for k, v in enumerate(self.current.tolist())}}
 
     def state_dict(self):
-        return {"weights": self.current}
+        state = {"weights": self.current}
+        if self.last_step is not None:
+            state["last_step"] = torch.tensor(self.last_step)
+        return state
 
     def load_state_dict(self, state):
         self.current = state["weights"].float()
+        self.last_step = int(state["last_step"]) if "last_step" in state else None
 
 
 @REWARD_WEIGHTINGS.register(

@@ -174,3 +174,16 @@ def test_extra_forwards_pass_vlm_inputs_and_disable_checkpointing(tmp_path, monk
     trainer._policy_logps(out)
     assert seen == [("sentinel", False)]
     assert trainer.accelerator.unwrap_model(trainer.model).is_gradient_checkpointing  # restored
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# drw_every_n_steps counts optimizer steps
+
+
+def test_gradient_weighting_every_n_steps_counts_optimizer_steps(tmp_path):
+    """Generations at steps 0, 2, 4 (`steps_per_generation=2`) with n = 3: updates at steps 0 and 4, not only 0."""
+    config = {"reward_weighting": "gradient", "learning_rate": 1e-6, "steps_per_generation": 2}
+    _, trainer = grpo_run(tmp_path, max_steps=6, drw_every_n_steps=3, **config)
+    updates = [log for log in trainer.state.log_history if "stable/grpo/drw/score_0" in log]
+    assert len(updates) == 2
+    assert trainer._controller.last_step == 4
