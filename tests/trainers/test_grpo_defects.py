@@ -187,3 +187,46 @@ def test_gradient_weighting_every_n_steps_counts_optimizer_steps(tmp_path):
     updates = [log for log in trainer.state.log_history if "stable/grpo/drw/score_0" in log]
     assert len(updates) == 2
     assert trainer._controller.last_step == 4
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# stable_rank_reward knobs
+
+
+def test_stable_rank_reward_takes_its_settings_from_the_config(tmp_path):
+    """`stable_rank_normalize`, `stable_rank_hidden` and `stable_rank_weight` reach the appended reward, which
+    tokenises prompts with TRL's `_tokenize_prompts` once bound."""
+    _, trainer = grpo_run(
+        tmp_path,
+        stable_rank_reward=True,
+        stable_rank_normalize="by_T",
+        stable_rank_hidden="after_norm",
+        stable_rank_weight=0.25,
+    )
+    reward = trainer.reward_funcs[-1]
+    assert (reward.normalize, reward.hidden) == ("by_T", "after_norm")
+    assert trainer.reward_weights[-1].item() == 0.25
+    prompts = ["1+2=", "12+3="]
+    assert reward._prompt_ids(prompts) == [list(ids) for ids in trainer._tokenize_prompts(prompts)[0]]
+    by_t = [v for log in trainer.state.log_history for k, v in log.items() if k == "rewards/stable_rank/mean"]
+    assert by_t and 0 < by_t[0] <= 1  # SR / min(T, d) ≤ 1
+
+
+def test_stable_rank_defaults_read_before_the_final_norm(tmp_path):
+    from hf_stable.testing import build_tiny_model
+
+    _, trainer = grpo_run(tmp_path, stable_rank_reward=True)
+    reward = trainer.reward_funcs[-1]
+    assert (reward.normalize, reward.hidden) == ("none", "before_norm")
+    model, tok = build_tiny_model(seed=0)
+    ids = tok("1+2=3+4*5=23", add_special_tokens=False)["input_ids"]
+    captured = []
+    hook = model.model.norm.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    hook.remove()
+    reward.model = model
+    from hf_stable.rewards import stable_rank
+
+    got = reward(prompts=["1+2="], completions=[None], completion_ids=[ids[4:]])[0]
+    assert got == pytest.approx(stable_rank(captured[0][0, 4:]).item(), rel=1e-5)

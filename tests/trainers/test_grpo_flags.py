@@ -72,6 +72,8 @@ ALTERNATIVES = {
     "brme_heads": [1, 0],
     "stable_rank_weight": 5.0,
     "stable_rank_model": "policy",
+    "stable_rank_normalize": "by_T",
+    "stable_rank_hidden": "after_norm",
     "oblr_lr_min_ratio": 0.9,
     "oblr_snr_ema": 0.0,
     "oblr_snr_params": r"embed_tokens",
