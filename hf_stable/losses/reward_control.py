@@ -365,11 +365,17 @@ class HypervolumeController(RewardWeightController):
         return self.multiplier
 
     def validation_point(self, means: torch.Tensor) -> dict[str, float]:
+        """Add the validation means `(K,)`; objectives that are NaN in the reference (reward columns folded by a
+        reward transform) are left out of the hypervolume."""
         point = means.float() * self.sign
         if self.reference is None:  # the first evaluation (before training) is the reference point
             self.reference, self.front = point.clone(), point.reshape(1, -1).clone()
             return {"hv/contribution": 0.0, "hv/multiplier": self.multiplier}
-        self.multiplier, self.front, hvc = hypervolume_step(self.front, point, self.reference)
+        kept = ~torch.isnan(self.reference)
+        point = torch.where(kept, point, self.reference)  # the folded columns stay NaN
+        self.multiplier, front, hvc = hypervolume_step(self.front[:, kept], point[kept], self.reference[kept])
+        if len(front) > len(self.front):
+            self.front = torch.cat([self.front, point.reshape(1, -1)])
         return {"hv/contribution": hvc, "hv/multiplier": self.multiplier, "hv/front_size": float(len(self.front))}
 
     def state_dict(self):

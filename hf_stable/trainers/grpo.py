@@ -126,12 +126,14 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (N_global, K)
+        validating = getattr(self, "_validating", False)  # the hypervolume callback's greedy validation
         if self._transform is not None:
             rewards, metrics = self._transform(rewards)
             mode = "train" if self.model.training else "eval"
-            for key, value in metrics.items():
+            for key, value in metrics.items() if not validating else ():
                 self._metrics[mode][f"stable/grpo/{key}"].append(value)
-        self._stash_rewards = rewards
+        if not validating:
+            self._stash_rewards = rewards
         return rewards
 
     # ------------------------------------------------------------------------------------------------------------

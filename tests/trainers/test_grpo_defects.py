@@ -230,3 +230,36 @@ def test_stable_rank_defaults_read_before_the_final_norm(tmp_path):
 
     got = reward(prompts=["1+2="], completions=[None], completion_ids=[ids[4:]])[0]
     assert got == pytest.approx(stable_rank(captured[0][0, 4:]).item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# hypervolume validation: through the trainer's reward transform, out of the training logs
+
+
+def _counting_reward(completions, log_metric=None, **kwargs):
+    log_metric("batch_size", float(len(completions)))
+    return [1.0] * len(completions)
+
+
+def _zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def test_hypervolume_validation_uses_brme_and_does_not_leak_metrics(tmp_path):
+    """The validation rewards go through the BRME fold (`0.5·mean + 0.5·min` of 1 and 0 = 0.25, the folded column
+    NaN), and a reward function's `log_metric` during validation (4 prompts) never reaches the training logs
+    (8 completions per generation)."""
+    _, trainer = grpo_run(
+        tmp_path,
+        reward_funcs=(_counting_reward, _zero_reward),
+        reward_weighting="hypervolume",
+        drw_val_size=4,
+        robust_reward="brme",
+        max_steps=2,
+    )
+    reference = trainer._controller.reference
+    assert reference[0].item() == pytest.approx(0.25) and torch.isnan(reference[1])
+    logged = [log["batch_size"] for log in trainer.state.log_history if "batch_size" in log]
+    assert logged == [2 * G, 2 * G]
+    brme = [k for log in trainer.state.log_history for k in log if k.startswith("stable/grpo/brme/")]
+    assert len(brme) == 2  # one per training generation, none from the validations
