@@ -88,7 +88,7 @@ BASES = {
     # selectors: the base is TRL's default; the alternative turns the method on
     "advantage_estimator": {"correctness_reward_index": 0},
     "loss_mode": {"correctness_reward_index": 0},
-    "reward_weighting": _THREE_STEPS,
+    "reward_weighting": {"_rewards": "conflict", **_THREE_STEPS},
     "delta_l_alpha": {"loss_type": "dr_grpo"},
     "oblr_adaptive_lr": {"gradient_accumulation_steps": 2},
     "correctness_reward_index": {"correctness_reward_index": 0},
