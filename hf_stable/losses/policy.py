@@ -233,6 +233,9 @@ class DRPOMode:
     """DRPO (arXiv 2510.04474) as a loss mode: [`drpo_coefficients`] on binary correctness (a completion cut at the
     length budget counts as incorrect), then [`drpo_loss`] per micro-batch."""
 
+    # the trainer scales each token's gradient by TRL's vLLM importance-sampling ratio (a mode that weighs its
+    # tokens by the ratio itself sets this True)
+    weights_sampling = False
     lam: float = 0.1
     tau: float = 10.0
     delta: float = 1e-4
@@ -312,6 +315,7 @@ class OnPolicySFTMode:
     """On-policy SFT (arXiv 2602.13407) as a loss mode: keep the correct (and, with ``require_eos``, complete)
     completions, then [`onpolicy_sft_loss`] over their tokens."""
 
+    weights_sampling = False  # see `DRPOMode`
     require_eos: bool = True
     norm: str = "tokens"
     correctness_index: int | str | None = None
@@ -337,3 +341,7 @@ def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
     if num_generations < 1 or x.shape[0] % num_generations:
         raise ValueError(f"{x.shape[0]} completions do not form groups of num_generations={num_generations}.")
     return x.reshape(-1, num_generations)
+
+
+# Loss modes in their own modules register when this one is imported: the registry never depends on import order.
+from . import ess as _ess  # noqa: E402, F401

@@ -21,13 +21,17 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from ..callbacks.hypervolume import HypervolumeCallback
 from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback, tracked_parameters
+from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.ess import LossModeInputsMixin
 from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
+from ..stability.config import GRPO_GUARD_DEFAULTS
+from ..stability.signals import StabilitySignalsMixin
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
 
@@ -51,7 +55,14 @@ _EXTRA_FORWARD_KEYS = (
 )
 
 
-class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMixin, GRPOTrainer):
+class StableGRPOTrainer(
+    StabilitySignalsMixin,
+    StableStateMixin,
+    StableTrainerMixin,
+    AdapterOptimizerMixin,
+    LossModeInputsMixin,
+    GRPOTrainer,
+):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
 
@@ -111,6 +122,7 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
             self.add_callback(SNRLearningRateCallback(self._snr))
         if self._controller.needs_validation:
             self.add_callback(HypervolumeCallback(self))
+        add_stability_callbacks(self, self.args, guard_defaults=GRPO_GUARD_DEFAULTS)
 
     @staticmethod
     def _load_reference(model, args):
@@ -293,8 +305,8 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
             compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            # TRL's correction of the vLLM sampler/trainer mismatch, for every loss mode
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self._loss_mode.weights_sampling:
+            # TRL's correction of the vLLM sampler/trainer mismatch, for every loss mode that does not weigh by it
             per_token_logps = importance_weighted(per_token_logps, inputs["importance_sampling_ratio"])
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         # TRL's `dapo` normaliser: the loss tokens of the generation batch, per process and accumulation window

@@ -8,12 +8,15 @@ declarations) plus `BASES` (runs long enough for the field to act: a controller'
 generation, a trust region only acts off-policy); its alternative value is in `ALTERNATIVES`.
 """
 
+import dataclasses
+
 import pytest
 from flag_helpers import added_fields, assert_changes_or_refused, assert_covered, reader_activation
 from grpo_helpers import G, grpo_run
 from trl import GRPOConfig
 
 from hf_stable import StableGRPOConfig
+from hf_stable.stability.config import GRPOStabilityConfigMixin
 from hf_stable.testing import arithmetic_reward
 from hf_stable.trainers.grpo_config import GRPO_REGISTRIES
 
@@ -53,6 +56,7 @@ ALTERNATIVES = {
     "drpo_neg_weighting": "uniform",
     "osft_require_eos": False,
     "osft_norm": "constant",
+    "ess_level": "sequence",
     # controllers and transforms
     "ctwa_cov_targets": [0.9, 0.0],
     "ctwa_lambda_lr": 0.5,
@@ -79,7 +83,10 @@ ALTERNATIVES = {
     "oblr_snr_params": r"embed_tokens",
 }
 # Fields that change neither the update nor a refusal: one reason each.
-ALLOWLIST: dict[str, str] = {}
+ALLOWLIST: dict[str, str] = {
+    f.name: "a stability field: its effect is tested in tests/stability/test_stability_config_flags.py"
+    for f in dataclasses.fields(GRPOStabilityConfigMixin)
+}
 
 _TWO_STEPS = {"max_steps": 2}
 _THREE_STEPS = {"max_steps": 3}
@@ -95,6 +102,7 @@ BASES = {
     "drpo_delta": _OFF_POLICY,
     "drpo_beta": _OFF_POLICY,
     "drpo_kl_type": _OFF_POLICY,
+    "ess_level": _OFF_POLICY,
     "brme_heads": {"reward_weights": [1.0, 0.5]},
     # mean length reward ≈ -0.2 is above -0.5: the multiplier rises from the first generation
     "lagrange_thresholds": {"lagrange_thresholds": [None, -0.5], **_TWO_STEPS},

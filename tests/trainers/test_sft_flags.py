@@ -8,6 +8,8 @@ alternative value is in `ALTERNATIVES`. Values follow `sft_helpers.OBJECTIVES` (
 p ≈ 0.012).
 """
 
+import dataclasses
+
 import pytest
 from flag_helpers import added_fields, assert_changes_or_refused, assert_covered, reader_activation
 from sft_helpers import GLOBAL_BATCH, one_step_update
@@ -15,6 +17,7 @@ from trl import SFTConfig
 
 from hf_stable import StableSFTConfig
 from hf_stable.losses.sft import SFT_OBJECTIVES
+from hf_stable.stability.config import StabilityConfigMixin
 from hf_stable.trainers.sft_config import SFT_REGISTRIES
 
 
@@ -42,7 +45,10 @@ ALTERNATIVES = {
     "fl_init": 2.0,
 }
 # Fields that change neither the update nor a refusal: one reason each.
-ALLOWLIST: dict[str, str] = {}
+ALLOWLIST: dict[str, str] = {
+    f.name: "a stability field: its effect is tested in tests/stability/test_stability_config_flags.py"
+    for f in dataclasses.fields(StabilityConfigMixin)
+}
 
 _THRESHOLD = {"sft_objective": "threshold", "threshold": 0.012}
 _QUANTILE = {"sft_objective": "threshold", "threshold": None, "threshold_quantile": 0.2}
