@@ -76,8 +76,8 @@ def tracked_parameters(named_parameters, pattern: str | None, field: str) -> lis
         Field(
             "oblr_lr_min_ratio",
             0.1,
-            "Lower clip of the SNR learning-rate factor.",
-            check=number(low=0, high=1),
+            "Lower clip of the SNR learning-rate factor, in (0, 1] (the factor is undone by division after the step).",
+            check=number(low=0, low_open=True, high=1),
             param="min_ratio",
         ),
         Field("oblr_snr_ema", 0.9, "EMA smoothing of the SNR.", check=number(low=0, high=1), param="ema"),

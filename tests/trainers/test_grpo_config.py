@@ -38,6 +38,7 @@ def _config(tmp_path, **kwargs):
         ({"advantage_estimator": "maxrl", "maxrl_baseline": "median"}, ["maxrl_baseline"]),
         ({"advantage_estimator": "oblr", "oblr_norm_proxy": "exact"}, ["oblr_norm_proxy"]),
         ({"oblr_adaptive_lr": True}, ["oblr_adaptive_lr", "gradient_accumulation_steps"]),
+        ({"oblr_lr_min_ratio": 0.0}, ["oblr_lr_min_ratio"]),
         (
             {"advantage_estimator": "dvao", "multi_objective_aggregation": "normalize_then_sum"},
             ["multi_objective_aggregation"],

@@ -120,11 +120,11 @@ BASES = {
     "oblr_snr_ema": {
         "max_steps": 3,
         "gradient_accumulation_steps": 2,
-        "oblr_lr_min_ratio": 0.0,
+        "oblr_lr_min_ratio": 1e-6,
         "oblr_snr_params": "embed",
     },
     "oblr_lr_min_ratio": {"gradient_accumulation_steps": 2},
-    "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 0.0, **_TWO_STEPS},
+    "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 1e-6, **_TWO_STEPS},
 }
 # every case of a controller's field runs long enough for its weights to act
 # (on a conflict: correct answers are the rollout's shortest, a reward for length under-serves one objective)
