@@ -103,11 +103,15 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _reference_sr(model, prompt_ids: list[int], completion_ids: list[int]) -> float:
-    """An unpadded forward of prompt + completion alone; SR of the last hidden states of the completion by SVD."""
+def _reference_sr(model, prompt_ids: list[int], completion_ids: list[int], after_norm: bool = False) -> float:
+    """An unpadded forward of prompt + completion alone; SR by SVD of the completion's hidden states of the last
+    layer, before the final norm (its input) by default, after it (`hidden_states[-1]`) with ``after_norm``."""
+    captured = []
+    hook = model.model.norm.register_forward_hook(lambda module, inputs, output: captured.append(inputs[0]))
     with torch.no_grad():
         out = model(input_ids=torch.tensor([prompt_ids + completion_ids]), output_hidden_states=True)
-    h = out.hidden_states[-1][0, len(prompt_ids) :]
+    hook.remove()
+    h = (out.hidden_states[-1] if after_norm else captured[0])[0, len(prompt_ids) :]
     return _svd_stable_rank(h)
 
 
@@ -164,6 +168,10 @@ def test_stable_rank_reward_normalisations_and_chat_prompts(tiny):
     assert score == pytest.approx(_reference_sr(model, list(prompt_ids), ids[0]), rel=1e-3)
     with pytest.raises(ValueError, match="normalize"):
         StableRankReward(model, tok, normalize="sqrt")
+    # after the final norm: what the LM head sees, a different reading
+    after = StableRankReward(model, tok, hidden="after_norm")(prompts=["7*8="], completions=[None], completion_ids=ids)
+    assert after[0] == pytest.approx(_reference_sr(model, _ids(tok, "7*8="), ids[0], after_norm=True), rel=1e-3)
+    assert after[0] != pytest.approx(raw, rel=1e-3)
 
 
 def test_stable_rank_reward_is_a_plain_callable(tiny):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from transformers import TrainerCallback
-from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 from trl.models.utils import unwrap_model_for_generation
 
@@ -62,7 +61,23 @@ class HypervolumeCallback(TrainerCallback):
             completions = [[{"role": "assistant", "content": t}] for t in texts]
         else:
             completions = texts
-        rewards = GRPOTrainer._calculate_rewards(trainer, self.rows, prompts, completions, completion_ids)
+        rewards = self._rewards(prompts, completions, completion_ids)
         metrics = trainer._controller.validation_point(torch.nanmean(rewards.float(), dim=0).cpu())
         for key, value in metrics.items():
             trainer._metrics["train"][f"stable/grpo/{key}"].append(value)
+
+    def _rewards(self, prompts, completions, completion_ids) -> torch.Tensor:
+        """The trainer's own rewards (its reward transform included, e.g. the BRME fold), with the reward functions'
+        `log_metric`/`log_extra` calls and the trainer's reward metrics kept out of the training logs."""
+        trainer = self.trainer
+        trainer._log_metric = trainer._log_completion_extra = _discard  # shadow the bound methods
+        trainer._validating = True
+        try:
+            return trainer._calculate_rewards(self.rows, prompts, completions, completion_ids)
+        finally:
+            del trainer._log_metric, trainer._log_completion_extra
+            trainer._validating = False
+
+
+def _discard(*args, **kwargs) -> None:
+    pass

@@ -45,6 +45,29 @@ def snr_estimate(grad_sum: torch.Tensor, sq_norm_sum: float, count: int) -> floa
     return max(mean_sq - var, 0.0) / var
 
 
+_BLOCK = re.compile(r"^(.*?\.(?:layers|layer|h|blocks|block))\.(\d+)\.")
+
+
+def tracked_parameters(named_parameters, pattern: str | None, field: str) -> list[tuple[str, torch.nn.Parameter]]:
+    """The trainable parameters whose gradients a statistic copies: those matching ``pattern``, or by default the
+    last transformer block's (the highest ``layers.<i>.`` index; every trainable parameter when names have no
+    block index), so the extra memory is a block's, not the model's. Raises naming ``field`` when nothing matches."""
+    trainable = [(n, p) for n, p in named_parameters if p.requires_grad]
+    if pattern:
+        regex = re.compile(pattern)
+        chosen = [(n, p) for n, p in trainable if regex.search(n)]
+    else:
+        blocks = [(m.group(1), int(m.group(2))) for m in map(_BLOCK.match, (n for n, _ in trainable)) if m]
+        if blocks:
+            prefix, last = max(blocks, key=lambda b: b[1])
+            chosen = [(n, p) for n, p in trainable if n.startswith(f"{prefix}.{last}.")]
+        else:
+            chosen = trainable
+    if not chosen:
+        raise ValueError(f"`{field}`={pattern!r} matches no trainable parameter.")
+    return chosen
+
+
 @LR_SCALING.register(
     "snr",
     paper=PAPERS["oblr"],
@@ -53,15 +76,16 @@ def snr_estimate(grad_sum: torch.Tensor, sq_norm_sum: float, count: int) -> floa
         Field(
             "oblr_lr_min_ratio",
             0.1,
-            "Lower clip of the SNR learning-rate factor.",
-            check=number(low=0, high=1),
+            "Lower clip of the SNR learning-rate factor, in (0, 1] (the factor is undone by division after the step).",
+            check=number(low=0, low_open=True, high=1),
             param="min_ratio",
         ),
         Field("oblr_snr_ema", 0.9, "EMA smoothing of the SNR.", check=number(low=0, high=1), param="ema"),
         Field(
             "oblr_snr_params",
             None,
-            "Regex of the parameters whose gradients estimate the SNR (default: all trainable).",
+            "Regex of the parameters whose gradients estimate the SNR (default: the last transformer block's); "
+            "memory: 3 fp32 copies of their gradients.",
             check=check_pattern,
             param="pattern",
             type=str | None,
@@ -79,19 +103,20 @@ def snr_estimate(grad_sum: torch.Tensor, sq_norm_sum: float, count: int) -> floa
 class MicroBatchSNR:
     """Accumulates the micro-batch gradients of the tracked parameters during one optimizer step.
 
+    Memory: with `n` tracked parameters, at most three flat fp32 vectors of `n` (`12·n` bytes): the running sum of the
+    micro-batch gradients, the accumulated gradient before the micro-batch, and one transient copy while a
+    micro-batch is differenced; between micro-batches only the sum is held.
+
     Args:
         named_parameters: the model's `named_parameters()`.
-        pattern (`str`, *optional*): regex selecting the tracked parameters (e.g. LoRA or the last block) to bound the
-            extra memory (one gradient copy); default: every trainable parameter.
+        pattern (`str`, *optional*): regex selecting the tracked parameters (e.g. LoRA or some blocks); default: the
+            last transformer block's trainable parameters ([`tracked_parameters`]).
         ema (`float`): smoothing of the SNR across steps.
         min_ratio (`float`): lower clip of the learning-rate factor.
     """
 
     def __init__(self, named_parameters, pattern: str | None = None, ema: float = 0.9, min_ratio: float = 0.1):
-        regex = re.compile(pattern) if pattern else None
-        self.params = [p for n, p in named_parameters if p.requires_grad and (regex is None or regex.search(n))]
-        if not self.params:
-            raise ValueError(f"`oblr_snr_params`={pattern!r} matches no trainable parameter.")
+        self.params = [p for _, p in tracked_parameters(named_parameters, pattern, "oblr_snr_params")]
         self.ema_decay, self.min_ratio = ema, min_ratio
         self.snr_ema: float | None = None
         self.factor = 1.0
@@ -109,10 +134,11 @@ class MicroBatchSNR:
         self._before = self._flat_grad()
 
     def after_backward(self, usable: bool):
-        g = self._flat_grad() - self._before
+        g = self._flat_grad().sub_(self._before)  # in place: three flat copies at most
+        self._before = None
         if usable:
-            self._sum = g if self._sum is None else self._sum + g
             self._sq += float((g.double() ** 2).sum())
+            self._sum = g if self._sum is None else self._sum.add_(g)
             self._count += 1
 
     def finish(self, accelerator) -> dict[str, float]:

@@ -29,16 +29,43 @@ from ..registry import Field, Registry, Requires
 # "grpo" is TRL's own advantage, left untouched by the trainer ([`grpo_advantages`] is its pure equivalent).
 ADVANTAGE_ESTIMATORS = Registry("advantage_estimator", "group advantage estimators (GRPO variants)", builtin=("grpo",))
 
+# `correctness_reward_index="sum"`: successes from the weighted sum of every reward (format and length included)
+SUM_OF_REWARDS = "sum"
+
+
+def check_correctness_index(
+    name: str, value, num_rewards: int | None = None, where: str | None = None, required: bool = True
+) -> None:
+    """``value`` is ``None``, ``"sum"`` or a reward column in ``[0, num_rewards - 1]``; with several reward functions
+    (``num_rewards > 1``) and a method that counts successes (``required``), ``None`` is refused: success would
+    silently mix every reward."""
+    if value == SUM_OF_REWARDS:
+        return
+    high = None if num_rewards is None else num_rewards - 1
+    if value is None and required and num_rewards is not None and num_rewards > 1:
+        raise ValueError(
+            f"`{name}` is required with {num_rewards} reward functions: give the column of the reward that decides "
+            f"correctness (0..{high}), or {SUM_OF_REWARDS!r} to binarise the weighted sum of all rewards."
+        )
+    try:
+        integer(low=0, high=high, allow_none=True)(name, value, where)
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a reward column in [0, {'inf' if high is None else high}], {SUM_OF_REWARDS!r} or "
+            f"None, got {value!r}."
+        ) from None
+
+
 # Read by the estimators and loss modes that count successes (sgrpo, maxrl, drpo, onpolicy_sft).
 CORRECTNESS_FIELDS = (
     Field(
         "correctness_reward_index",
         None,
-        "Reward function that decides correctness (its column in `reward_funcs`); `None` uses the weighted sum of "
-        "all rewards.",
-        check=integer(low=0, allow_none=True),
+        "Reward function that decides correctness (its column in `reward_funcs`); required with several reward "
+        'functions, `"sum"` binarises the weighted sum of all rewards; `None` with one reward function uses it.',
+        check=check_correctness_index,
         param="correctness_index",
-        type=int | None,
+        type=int | str | None,
     ),
     Field(
         "success_threshold",
@@ -85,14 +112,21 @@ def scalar_rewards(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
 
 
 def success_indicator(
-    rewards: torch.Tensor, weights: torch.Tensor, correctness_index: int | None, threshold: float
+    rewards: torch.Tensor, weights: torch.Tensor, correctness_index: int | str | None, threshold: float
 ) -> torch.Tensor:
     """Binary correctness `(N,)`: 1 where the chosen reward exceeds ``threshold``, 0 below, NaN where unscored.
 
-    ``correctness_index`` selects one reward column (e.g. the verifier, not a format reward); ``None`` uses the
-    weighted sum.
+    ``correctness_index`` selects one reward column (e.g. the verifier, not a format reward); ``"sum"`` uses the
+    weighted sum of every column; ``None`` the only column (refused with several: a format or length reward would
+    count towards correctness).
     """
-    score = scalar_rewards(rewards, weights) if correctness_index is None else rewards[:, correctness_index].float()
+    if correctness_index is None:
+        check_correctness_index("correctness_reward_index", None, rewards.shape[1])
+        correctness_index = 0
+    if correctness_index == SUM_OF_REWARDS:
+        score = scalar_rewards(rewards, weights)
+    else:
+        score = rewards[:, correctness_index].float()
     return torch.where(torch.isnan(score), score, (score > threshold).float())
 
 
@@ -185,13 +219,13 @@ def sgrpo_advantages(
     num_generations,
     weights,
     noise_p: float = 0.1,
-    correctness_index: int | None = None,
+    correctness_index: int | str | None = None,
     success_threshold: float = 0.5,
     scale: str = "group",
 ):
     """S-GRPO: GRPO's advantage times the noise-aware weight `w*` of its group (arXiv 2508.05928).
 
-    Successes are counted on the correctness reward (``correctness_index``, or the weighted sum) binarised at
+    Successes are counted on the correctness reward (``correctness_index``, or ``"sum"``) binarised at
     ``success_threshold``; the advantage itself keeps the weighted reward's z-score. ``noise_p = 0`` gives back GRPO
     (w* = 1 to 1e-8 on mixed groups). Metrics, over mixed groups (some but not all successes — the only ones with an
     advantage to weight): ``zero_weight_frac`` (ignored as explainable by noise) and ``mean_weight``.
@@ -271,7 +305,7 @@ def maxrl_advantages(
     truncation: int | None = None,
     baseline: str = "mean",
     adv_clip: float | None = None,
-    correctness_index: int | None = None,
+    correctness_index: int | str | None = None,
     success_threshold: float = 0.5,
 ):
     """MaxRL: `A_i = c_T(K) (r_i - r̄)` on binary correctness (arXiv 2602.02710).

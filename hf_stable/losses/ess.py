@@ -213,6 +213,7 @@ class ESSMode:
     """ESS-adaptive policy loss (P3O, arXiv 1905.01756) as a loss mode: GRPO's advantages (TRL's
     ``sum_then_normalize`` with ``scale_rewards``), then [`ess_policy_loss`] per micro-batch."""
 
+    weights_sampling = True  # `ess_policy_loss` applies TRL's vLLM ratio itself (`is_weights`)
     level: str = "batch"
     beta: float = 0.0
     scale: str = "group"

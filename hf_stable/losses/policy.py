@@ -20,6 +20,7 @@ A loss mode (registered in `LOSS_MODES`) is a class built from its declared fiel
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import version
 
 import torch
 
@@ -32,13 +33,65 @@ from .advantages import CORRECTNESS_FIELDS, success_indicator
 # "ppo" is TRL's own clipped surrogate for its `loss_type`.
 LOSS_MODES = Registry("loss_mode", "policy losses that replace PPO-clip", builtin=("ppo",))
 
-# What every loss mode here needs from the host: no reference model, no Liger kernel, TRL's advantages left alone.
+# TRL < 1.16 let Liger's fused loss replace `_compute_loss`; from 1.16 on it applies only Liger's layer kernels
+# (`GRPOTrainer.__init__` refuses the fused linear cross-entropy), so the loss modes see every forward.
+_LIGER_REPLACES_LOSS = tuple(int(x) for x in version("trl").split(".")[:2]) < (1, 16)
+
+
+def _trl_default(option: str, default, why: str) -> Requires:
+    """A TRL option the loss modes do not read: refused unless left at TRL's default."""
+    return Requires(option, lambda value: value == default, f"{why}; leave {option}={default!r}", fix=default)
+
+
+# What every loss mode here needs from the host: no reference model, TRL's advantages left alone, and none of the
+# options of TRL's PPO surrogate, which a loss mode replaces (each refused by name rather than silently ignored).
 _MODE_REQUIRES = (
     Requires("beta", lambda value: value == 0.0, "set beta=0: no reference model", fix=0.0),
-    Requires("use_liger_kernel", lambda value: not value, "Liger bypasses `_compute_loss`", fix=False),
+    Requires(
+        "use_liger_kernel",
+        lambda value: not value,
+        "Liger's fused loss bypasses `_compute_loss` in this TRL version",
+        fix=False,
+        when=lambda args: _LIGER_REPLACES_LOSS,
+    ),
     Requires("advantage_estimator", lambda value: value == "grpo", "the loss mode sets its own", fix="grpo"),
     Requires("delta_l_alpha", lambda value: value is None, "the loss mode has its own normalisation", fix=None),
+    _trl_default("loss_type", "dapo", "the loss mode has its own objective and normalisation"),
+    _trl_default("epsilon", 0.2, "the loss mode has no ratio clipping"),
+    _trl_default("epsilon_high", None, "the loss mode has no ratio clipping"),
+    _trl_default("delta", None, "the loss mode has no ratio clipping"),
+    _trl_default("importance_sampling_level", "token", "the loss mode has no policy ratio"),
+    _trl_default("top_entropy_quantile", 1.0, "the loss mode trains on every kept token"),
+    _trl_default("entropy_coef", 0.0, "the loss mode has no entropy bonus"),
+    _trl_default("use_adaptive_entropy", False, "the loss mode has no entropy bonus"),
+    _trl_default("scale_rewards", "group", "the loss mode computes its coefficients from the raw rewards"),
+    _trl_default(
+        "multi_objective_aggregation", "sum_then_normalize", "the loss mode counts successes on the raw rewards"
+    ),
+    _trl_default("off_policy_mask_threshold", None, "the loss mode has no off-policy sequence mask"),
 )
+# TRL options the loss modes apply: TRL's truncation mask (before the coefficients), its vLLM importance-sampling
+# ratio and the MoE router loss (in `StableGRPOTrainer._compute_loss`, for every mode), and generation reuse (DRPO's
+# trust region acts off-policy).
+_MODE_HONOURS = (
+    "mask_truncated_completions",
+    "vllm_importance_sampling_correction",
+    "router_aux_loss_coef",
+    "num_iterations",
+    "steps_per_generation",
+)
+
+
+def importance_weighted(per_token_logps: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """``per_token_logps`` with the gradient of each token scaled by the detached importance ratio ``ratio``
+    (`π_train/π_sampler`, TRL's ``importance_sampling_ratio`` from vLLM); the values are unchanged.
+
+    TRL multiplies each per-token loss by the ratio. For a loss built from the log-probs with detached coefficients
+    (every mode here: a weighted sum, a hinge with a detached strength), scaling the gradient of each log-prob
+    gives the same update, whatever the mode. `(B, T), (B, T) or (B, 1) -> (B, T)`.
+    """
+    ratio = ratio.detach().to(per_token_logps.dtype)
+    return per_token_logps + (ratio - 1) * (per_token_logps - per_token_logps.detach())
 
 
 def sequence_logp(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -173,19 +226,23 @@ def drpo_loss(
         *CORRECTNESS_FIELDS,
     ],
     requires=_MODE_REQUIRES,
+    honours=_MODE_HONOURS,
 )
 @dataclass
 class DRPOMode:
     """DRPO (arXiv 2510.04474) as a loss mode: [`drpo_coefficients`] on binary correctness (a completion cut at the
     length budget counts as incorrect), then [`drpo_loss`] per micro-batch."""
 
+    # the trainer scales each token's gradient by TRL's vLLM importance-sampling ratio (a mode that weighs its
+    # tokens by the ratio itself sets this True)
+    weights_sampling = False
     lam: float = 0.1
     tau: float = 10.0
     delta: float = 1e-4
     beta: float = 1e3
     kl_type: str = "kl"
     neg_weighting: str = "softmax_old"
-    correctness_index: int | None = None
+    correctness_index: int | str | None = None
     success_threshold: float = 0.5
 
     def needs_old_logps(self) -> bool:
@@ -251,15 +308,17 @@ def onpolicy_sft_loss(
         *CORRECTNESS_FIELDS,
     ],
     requires=_MODE_REQUIRES,
+    honours=_MODE_HONOURS,
 )
 @dataclass
 class OnPolicySFTMode:
     """On-policy SFT (arXiv 2602.13407) as a loss mode: keep the correct (and, with ``require_eos``, complete)
     completions, then [`onpolicy_sft_loss`] over their tokens."""
 
+    weights_sampling = False  # see `DRPOMode`
     require_eos: bool = True
     norm: str = "tokens"
-    correctness_index: int | None = None
+    correctness_index: int | str | None = None
     success_threshold: float = 0.5
 
     def needs_old_logps(self) -> bool:

@@ -92,6 +92,12 @@ class RewardWeightController:
         pass
 
 
+def default_ctwa_target(num_objectives: int) -> float:
+    """`1/sqrt(K)`: the correlation with the z-scored advantage of their sum that each of K independent, equally
+    weighted objectives of equal spread has; an objective below that equal share gets its weight raised."""
+    return 1.0 / math.sqrt(num_objectives)
+
+
 @REWARD_WEIGHTINGS.register(
     "ctwa",
     paper=PAPERS["ctwa"],
@@ -100,7 +106,8 @@ class RewardWeightController:
         Field(
             "ctwa_cov_targets",
             None,
-            "CTWA covariance targets per objective (default 0.1 each).",
+            "CTWA targets per objective: correlations with `ctwa_use_corr` (default `1/sqrt(K)` each, the correlation "
+            "of K equally served objectives), covariances in reward units without it (then required).",
             param="cov_targets",
             type=list[float] | None,
         ),
@@ -108,8 +115,8 @@ class RewardWeightController:
         Field("ctwa_ema_tau", 0.1, "CTWA EMA rate of the covariances.", check=number(low=0, high=1), param="ema_tau"),
         Field(
             "ctwa_use_corr",
-            False,
-            "Correlation instead of covariance (scale-free targets).",
+            True,
+            "Correlation instead of covariance: scale-free targets (covariances need targets in each reward's units).",
             check=boolean(),
             param="use_corr",
         ),
@@ -142,7 +149,7 @@ class CTWAController(RewardWeightController):
         cov_targets=None,
         lambda_lr=0.05,
         ema_tau=0.1,
-        use_corr=False,
+        use_corr=True,
         obj_targets=None,
         max_log_weight=None,
     ):
@@ -155,7 +162,12 @@ class CTWAController(RewardWeightController):
         self.lambda_lr, self.ema_tau, self.use_corr, self.max_log_weight = lambda_lr, ema_tau, use_corr, max_log_weight
         self.log_weights = torch.log(self.base)
         self.ema: torch.Tensor | None = None
-        self.targets = torch.tensor(cov_targets if cov_targets is not None else [0.1] * k)
+        if cov_targets is None and not use_corr:
+            raise ValueError(
+                "`ctwa_cov_targets` is required with ctwa_use_corr=False: covariance targets are in the units of each "
+                "reward (times the advantage's); no default fits every reward scale."
+            )
+        self.targets = torch.tensor(cov_targets if cov_targets is not None else [default_ctwa_target(k)] * k)
         self.obj_targets = torch.tensor(obj_targets) if obj_targets is not None else None
 
     @property
@@ -254,14 +266,16 @@ class LagrangianController(RewardWeightController):
         Field(
             "drw_target_params",
             None,
-            "Regex of the parameters whose gradients are compared (default: all trainable).",
+            "Regex of the parameters whose gradients are compared (default: the last transformer block's); memory: "
+            "K+1 fp32 copies of their gradients (K reward functions).",
             param="target_params",
             type=str | None,
         ),
         Field(
             "drw_every_n_steps",
             1,
-            "Steps between updates (each costs one forward and K backwards).",
+            "Optimizer steps between updates, checked at each generation (each update costs one forward and K "
+            "backwards).",
             check=integer(low=1),
             param="every_n_steps",
         ),
@@ -277,24 +291,32 @@ class GradientController(RewardWeightController):
         super().__init__(base_weights)
         self.regularization, self.target_params, self.every_n_steps = regularization, target_params, every_n_steps
         self.current = self.base / self.base.sum()
+        self.last_step: int | None = None  # optimizer step of the last update
 
     @property
     def weights(self):
         return self.current
 
     def observe(self, rewards, advantages, num_generations, context):
-        if context.step % self.every_n_steps:
+        # counted in optimizer steps since the last update: generations need not fall on multiples of n (one every
+        # `steps_per_generation · num_iterations` steps)
+        if self.last_step is not None and context.step - self.last_step < self.every_n_steps:
             return {}
+        self.last_step = context.step
         scores = context.influence()
         self.current = gradient_weight_update(self.current, scores, context.learning_rate, self.regularization)
         out = {f"drw/score_{k}": v for k, v in enumerate(scores.tolist())}
         return {**out, **{f"drw/weight_{k}": v for k, v in enumerate(self.current.tolist())}}
 
     def state_dict(self):
-        return {"weights": self.current}
+        state = {"weights": self.current}
+        if self.last_step is not None:
+            state["last_step"] = torch.tensor(self.last_step)
+        return state
 
     def load_state_dict(self, state):
         self.current = state["weights"].float()
+        self.last_step = int(state["last_step"]) if "last_step" in state else None
 
 
 @REWARD_WEIGHTINGS.register(
@@ -343,11 +365,17 @@ class HypervolumeController(RewardWeightController):
         return self.multiplier
 
     def validation_point(self, means: torch.Tensor) -> dict[str, float]:
+        """Add the validation means `(K,)`; objectives that are NaN in the reference (reward columns folded by a
+        reward transform) are left out of the hypervolume."""
         point = means.float() * self.sign
         if self.reference is None:  # the first evaluation (before training) is the reference point
             self.reference, self.front = point.clone(), point.reshape(1, -1).clone()
             return {"hv/contribution": 0.0, "hv/multiplier": self.multiplier}
-        self.multiplier, self.front, hvc = hypervolume_step(self.front, point, self.reference)
+        kept = ~torch.isnan(self.reference)
+        point = torch.where(kept, point, self.reference)  # the folded columns stay NaN
+        self.multiplier, front, hvc = hypervolume_step(self.front[:, kept], point[kept], self.reference[kept])
+        if len(front) > len(self.front):
+            self.front = torch.cat([self.front, point.reshape(1, -1)])
         return {"hv/contribution": hvc, "hv/multiplier": self.multiplier, "hv/front_size": float(len(self.front))}
 
     def state_dict(self):

@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 
 import torch
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
-from .._validation import check_int
 from ..callbacks.hypervolume import HypervolumeCallback
-from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback
+from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback, tracked_parameters
 from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
-from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore
+from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
 from ..losses.ess import LossModeInputsMixin
-from ..losses.policy import LOSS_MODES, sequence_logp
+from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
@@ -105,7 +104,9 @@ class StableGRPOTrainer(
             extra_reward.bind(self)
 
         k = len(self.reward_funcs)
-        check_int("correctness_reward_index", args.correctness_reward_index, low=0, high=k - 1, allow_none=True)
+        check_correctness_index(
+            "correctness_reward_index", args.correctness_reward_index, k, required=bool(args.success_counters())
+        )
         transform = REWARD_TRANSFORMS.active(args)
         self._transform = transform(k, **transform.params_from(args)) if transform is not None else None
         weighting = REWARD_WEIGHTINGS.get(args.reward_weighting)
@@ -137,12 +138,14 @@ class StableGRPOTrainer(
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (N_global, K)
+        validating = getattr(self, "_validating", False)  # the hypervolume callback's greedy validation
         if self._transform is not None:
             rewards, metrics = self._transform(rewards)
             mode = "train" if self.model.training else "eval"
-            for key, value in metrics.items():
+            for key, value in metrics.items() if not validating else ():
                 self._metrics[mode][f"stable/grpo/{key}"].append(value)
-        self._stash_rewards = rewards
+        if not validating:
+            self._stash_rewards = rewards
         return rewards
 
     # ------------------------------------------------------------------------------------------------------------
@@ -234,44 +237,49 @@ class StableGRPOTrainer(
         """Per-token log-probs of the current (= sampling) policy: one extra no-grad forward."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            return self._extra_forward(self.model, out, ids, mask)
+
+    def _extra_forward(self, model, out, ids, mask) -> torch.Tensor:
+        """Per-token log-probs of the completions in ``out`` by a forward of our own, with the vision-language inputs
+        TRL's own forwards pass (images, grids, token types)."""
         logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, ids, mask, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+            model,
+            ids,
+            mask,
+            out["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+            **{key: out.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
         return logps
 
     def _influence_scores(self, out, rewards, num_generations) -> torch.Tensor:
         """Influence scores `Σ_j <g_k, g_j>` of the per-objective policy gradients `g_k` of `Σ_i A_{k,i} s(o_i)` on
-        this generation batch (rank-local, all-reduced)."""
-        target = self._controller.target_params
-        pattern = re.compile(target) if target else None
+        this generation batch (rank-local, all-reduced). Memory: the K flat fp32 gradients of the compared parameters
+        (`drw_target_params`) plus one objective's gradients while it is copied in, `(K+1)·4·n` bytes for `n`
+        parameters."""
         model = self.accelerator.unwrap_model(self.model)  # no DDP hooks: gradients are reduced by hand
-        params = [p for n, p in model.named_parameters() if p.requires_grad and (pattern is None or pattern.search(n))]
-        if not params:
-            raise ValueError(f"`drw_target_params`={target!r} matches no trainable parameter.")
+        target = self._controller.target_params
+        params = [p for _, p in tracked_parameters(model.named_parameters(), target, "drw_target_params")]
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         with torch.enable_grad():
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model, ids, mask, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
-            )
+            logps = self._extra_forward(model, out, ids, mask)
             s = sequence_logp(logps, out["completion_mask"])
             n_local = s.shape[0]
             local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-            grads = []
+            grads = torch.zeros(rewards.shape[1], sum(p.numel() for p in params), device=s.device)
             for k in range(rewards.shape[1]):
                 a_k = group_zscore(rewards[:, k], num_generations, self.args.scale_rewards)[local].to(s)
                 g = torch.autograd.grad(
                     (a_k * s).sum() / rewards.shape[0], params, retain_graph=True, allow_unused=True
                 )
-                grads.append(
-                    torch.cat(
-                        [
-                            (x if x is not None else torch.zeros_like(p)).reshape(-1)
-                            for x, p in zip(g, params, strict=True)
-                        ]
-                    )
-                )
-        grads = torch.stack(grads)
+                offset = 0
+                for x, p in zip(g, params, strict=True):
+                    if x is not None:
+                        grads[k, offset : offset + p.numel()] = x.reshape(-1)
+                    offset += p.numel()
+                del g
         if self.accelerator.num_processes > 1:
             grads = self.accelerator.reduce(grads, reduction="sum")
         return influence_scores(grads)
@@ -288,14 +296,18 @@ class StableGRPOTrainer(
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
             ids,
             attention,
             inputs["completion_ids"].size(1),
             compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _EXTRA_FORWARD_KEYS},
         )
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self._loss_mode.weights_sampling:
+            # TRL's correction of the vLLM sampler/trainer mismatch, for every loss mode that does not weigh by it
+            per_token_logps = importance_weighted(per_token_logps, inputs["importance_sampling_ratio"])
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         # TRL's `dapo` normaliser: the loss tokens of the generation batch, per process and accumulation window
         step_tokens = inputs["num_items_in_batch"].float() / self.accelerator.num_processes
@@ -314,6 +326,9 @@ class StableGRPOTrainer(
             metric = f"stable/grpo/{self.args.loss_mode}/{key}"
             self._metrics[mode][metric].append(self.accelerator.gather(value).mean().item())
         self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).mean().item())
+        if self.aux_loss_enabled:  # TRL's MoE load-balancing loss, scaled for accumulation as TRL does
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         totals = self.accelerator.reduce(torch.stack([(entropies * mask).sum(), mask.sum().float()]), reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1)).item())
         return loss

@@ -84,8 +84,15 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.correctness_reward_index, str) and self.correctness_reward_index.isdigit():
+            self.correctness_reward_index = int(self.correctness_reward_index)  # from YAML or the command line
         for registry in GRPO_REGISTRIES:
             registry.validate(self)
+
+    def success_counters(self) -> list:
+        """The active methods that count successes on `correctness_reward_index`."""
+        active = [registry.active(self) for registry in GRPO_REGISTRIES]
+        return [m for m in active if m is not None and any(f.name == "correctness_reward_index" for f in m.fields)]
 
     @property
     def replaces_advantages(self) -> bool:

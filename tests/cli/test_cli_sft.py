@@ -135,6 +135,7 @@ reward_funcs: [arithmetic_exact_match, tests_rewards.length_reward]
 output_dir: {out}
 advantage_estimator: sgrpo
 sgrpo_noise_p: 0.1
+correctness_reward_index: 0
 loss_type: dr_grpo
 num_generations: 4
 per_device_train_batch_size: 8

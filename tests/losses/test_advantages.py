@@ -92,8 +92,11 @@ def test_scalar_rewards_is_nan_aware_weighted_sum():
 def test_success_indicator_threshold_column_and_nan():
     rewards = torch.tensor([[0.9, 0.0], [0.2, 1.0], [math.nan, 1.0], [0.5, 0.0]])
     w = torch.tensor([1.0, 1.0])
-    # weighted sum: 0.9, 1.2, 1.0, 0.5 -> strict > 0.5
-    np.testing.assert_array_equal(_np(success_indicator(rewards, w, None, 0.5)), [1, 1, 1, 0])
+    # weighted sum ("sum"): 0.9, 1.2, 1.0, 0.5 -> strict > 0.5
+    np.testing.assert_array_equal(_np(success_indicator(rewards, w, "sum", 0.5)), [1, 1, 1, 0])
+    # no index with two columns is refused: the sum would count the second reward towards correctness
+    with pytest.raises(ValueError, match="correctness_reward_index"):
+        success_indicator(rewards, w, None, 0.5)
     # correctness column 0 only: the NaN stays NaN (unscored), 0.5 is not > 0.5
     np.testing.assert_array_equal(_np(success_indicator(rewards, w, 0, 0.5)), [1, 0, np.nan, 0])
 
@@ -245,9 +248,9 @@ def test_sgrpo_counts_successes_on_correctness_index():
             ]
         )
         np.testing.assert_allclose(_np(adv), expected, atol=FP32_ATOL)
-    # Without the index the weighted sum (1.6 / 0.6 > 0.5 everywhere for fmt_a) makes every group "all successes".
+    # With "sum" the weighted sum (1.6 / 0.6 > 0.5 everywhere for fmt_a) makes every group "all successes".
     rewards = torch.tensor([correct, fmt_a], dtype=torch.float32).T
-    adv, _ = sgrpo_advantages(rewards, torch.ones(16), 8, _ones(2), noise_p=p)
+    adv, _ = sgrpo_advantages(rewards, torch.ones(16), 8, _ones(2), noise_p=p, correctness_index="sum")
     assert torch.equal(adv, torch.zeros(16))
 
 
@@ -437,7 +440,7 @@ def test_maxrl_uses_correctness_column_and_rejects_bad_arguments():
     rewards = torch.tensor([[1, 0.9], [0, 0.9], [0, 0.9], [0, 0.9]], dtype=torch.float32)
     adv, _ = maxrl_advantages(rewards, torch.ones(4), 4, _ones(2), correctness_index=0)
     np.testing.assert_allclose(_np(adv), [3, -1, -1, -1], atol=1e-6)
-    adv_sum, _ = maxrl_advantages(rewards, torch.ones(4), 4, _ones(2))
+    adv_sum, _ = maxrl_advantages(rewards, torch.ones(4), 4, _ones(2), correctness_index="sum")
     assert torch.equal(adv_sum, torch.zeros(4))
     with pytest.raises(ValueError, match="baseline"):
         maxrl_advantages(rewards, torch.ones(4), 4, _ones(2), baseline="loo")
@@ -644,6 +647,8 @@ def _batch(draw, g=None):
 
 
 def _run(method, rewards, lengths, g, weights, **params):
+    if "correctness_index" in method.defaults and rewards.shape[1] > 1:
+        params = {"correctness_index": "sum", **params}  # required with several columns
     adv, metrics = method.fn(rewards, lengths, g, weights, **{**method.defaults, **params})
     assert isinstance(metrics, dict)
     assert all(math.isfinite(v) for v in metrics.values())

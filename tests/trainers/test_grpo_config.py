@@ -26,7 +26,7 @@ def _config(tmp_path, **kwargs):
         ({"reward_weighting": "pareto"}, ["reward_weighting", "'ctwa'"]),
         ({"robust_reward": "median"}, ["robust_reward"]),
         ({"loss_mode": "drpo", "beta": 0.04}, ["loss_mode", "beta"]),
-        ({"loss_mode": "drpo", "use_liger_kernel": True}, ["loss_mode", "use_liger_kernel"]),
+        ({"loss_mode": "drpo", "top_entropy_quantile": 0.2}, ["loss_mode", "top_entropy_quantile"]),
         ({"loss_mode": "onpolicy_sft", "advantage_estimator": "sgrpo"}, ["loss_mode", "advantage_estimator"]),
         ({"loss_mode": "drpo", "delta_l_alpha": 1.0, "loss_type": "dr_grpo"}, ["delta_l_alpha"]),
         ({"delta_l_alpha": 1.0}, ["delta_l_alpha", "loss_type", "dr_grpo"]),
@@ -38,6 +38,7 @@ def _config(tmp_path, **kwargs):
         ({"advantage_estimator": "maxrl", "maxrl_baseline": "median"}, ["maxrl_baseline"]),
         ({"advantage_estimator": "oblr", "oblr_norm_proxy": "exact"}, ["oblr_norm_proxy"]),
         ({"oblr_adaptive_lr": True}, ["oblr_adaptive_lr", "gradient_accumulation_steps"]),
+        ({"oblr_lr_min_ratio": 0.0}, ["oblr_lr_min_ratio"]),
         (
             {"advantage_estimator": "dvao", "multi_objective_aggregation": "normalize_then_sum"},
             ["multi_objective_aggregation"],

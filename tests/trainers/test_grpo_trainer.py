@@ -97,6 +97,7 @@ def test_resume_restores_ctwa_weights_and_oblr_snr(tmp_path):
     config = {
         "reward_weighting": "ctwa",
         "ctwa_lambda_lr": 0.5,
+        "ctwa_cov_targets": [1.0, 1.0],  # above both correlations of this aligned task: the weights move
         "oblr_adaptive_lr": True,
         "max_steps": 4,
         "learning_rate": 1e-2,
