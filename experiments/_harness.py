@@ -6,7 +6,7 @@ criteria, its plot and its Markdown body) and calls `run(experiment)`. The harne
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
   `--output_dir`) and `--no_cache`;
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
-  by the script's source, this file, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
+  by the script's source, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
 
 Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
@@ -55,7 +55,8 @@ class Experiment:
     """What a script declares; `run` does everything else.
 
     `run_seed(seed, sizes) -> dict` must return JSON-serialisable values (it is cached as JSON).
-    `aggregate(per_seed) -> dict`, `criteria(per_seed, aggregate) -> {name: criterion dict}` (see `criterion`),
+    `aggregate(per_seed, sizes) -> dict`, `criteria(per_seed, aggregate, sizes) -> {name: criterion dict}` (see
+    `criterion`),
     `plot(result, path)` writes the PNG, `markdown(result) -> str` the body placed under the harness's header.
     """
 
@@ -65,8 +66,8 @@ class Experiment:
     sizes: Any
     quick_sizes: Any
     run_seed: Callable[[int, Any], dict]
-    aggregate: Callable[[dict], dict]
-    criteria: Callable[[dict, dict], dict]
+    aggregate: Callable[[dict, Any], dict]
+    criteria: Callable[[dict, dict, Any], dict]
     plot: Callable[[dict, Path], None]
     markdown: Callable[[dict], str]
     config: dict = field(default_factory=dict)
@@ -135,9 +136,13 @@ def git_commit() -> str:
 
 
 def _sources_digest(script: str) -> str:
-    """Digest of the code a cached seed depends on: the script, this file and every `hf_stable` source file."""
+    """Digest of the code a per-seed record depends on: the script and every `hf_stable` source file.
+
+    This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
+    throw away hours of cached seeds.
+    """
     h = hashlib.sha1()
-    files = [Path(script), Path(__file__), *sorted((REPO / "hf_stable").rglob("*.py"))]
+    files = [Path(script), *sorted((REPO / "hf_stable").rglob("*.py"))]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
@@ -269,8 +274,8 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         if hit:
             cached.append(seed)
         print(f"[{exp.name}] seed {seed}: {'cached' if hit else 'done'} ({time.time() - start:.0f}s)", flush=True)
-    agg = exp.aggregate(per_seed)
-    checks = exp.criteria(per_seed, agg)
+    agg = exp.aggregate(per_seed, sizes)
+    checks = exp.criteria(per_seed, agg, sizes)
     result = {
         "claim": exp.claim,
         "criteria": checks,

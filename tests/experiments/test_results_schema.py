@@ -20,10 +20,10 @@ def toy_experiment(calls: list, script: str) -> "_harness.Experiment":
         calls.append(seed)
         return {"score": seed * sizes["scale"]}
 
-    def aggregate(per_seed):
+    def aggregate(per_seed, sizes):
         return {"score": _harness.mean_std([r["score"] for r in per_seed.values()])}
 
-    def criteria(per_seed, agg):
+    def criteria(per_seed, agg, sizes):
         return {
             "a": _harness.criterion(
                 "mean score ≥ 1",
@@ -71,7 +71,7 @@ def test_harness_writes_schema_and_caches(tmp_path, monkeypatch):
     assert calls == [0, 1, 2] and again["cached_seeds"] == [0, 1, 2]
     assert again["per_seed"] == result["per_seed"]
 
-    script.write_text("x = 2\n")  # a code change invalidates the cache
+    script.write_text("x = 2\n")  # a change to the script invalidates its cache
     _harness.run(exp, ["--out", str(tmp_path / "out"), "--seeds", "0"])
     assert calls == [0, 1, 2, 0]
 
