@@ -225,7 +225,7 @@ def header(result: dict) -> str:
     ]
     for name, check in result["criteria"].items():
         lines.append(
-            f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | "
+            f"| ({name}) {check['criterion'].replace('|', chr(92) + '|')} | {'PASS' if check['passed'] else 'FAIL'} | "
             f"{check.get('per_seed') or '—'} |"
         )
     return "\n".join(lines)
