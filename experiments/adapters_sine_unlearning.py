@@ -768,7 +768,7 @@ def markdown(result: dict) -> str:
         return f"{ms['mean']:{'+' if sign else ''}.{digits}g} ± {ms['std']:.2g}"
 
     lines = [
-        "Mean ± std over seeds. Tiny Llama fully fine-tuned on {sizes['num_forget']} forget + "
+        f"Mean ± std over seeds. Tiny Llama fully fine-tuned on {sizes['num_forget']} forget + "
         f"{sizes['num_retain']} retain random key→value facts; then {sizes['steps']} steps of gradient difference "
         f"(CE_retain − {sizes['forget_weight']:g}·CE_forget, full sets every step, AdamW LR {sizes['lr']:g}, "
         "constant) "
