@@ -483,7 +483,7 @@ def markdown(result: dict) -> str:
         return harness_fmt(ms, 1)
 
     lines = [
-        "Mean ± std over seeds (accuracy in %). MLP {s['dim']}→{s['hidden']}→{s['hidden']}→"
+        f"Mean ± std over seeds (accuracy in %). MLP {s['dim']}→{s['hidden']}→{s['hidden']}→"
         f"{s['classes']}, base {s['base_steps']} steps, experts {s['expert_steps']} steps; 4 target domains, proxy "
         f"{s['proxy_per_domain']} examples per target domain, test {s['test_per_domain']} per domain; FW T = "
         f"{s['fw_iters']}, η = 1, TA local merge λ = 1, init base. Base accuracy on the targets "

@@ -743,7 +743,7 @@ def markdown(result: dict) -> str:
         return harness_fmt(ms, digits)
 
     lines = [
-        "Mean ± std over seeds. Order-2 Markov language, V = {sizes['vocab']}, entropy rate "
+        f"Mean ± std over seeds. Order-2 Markov language, V = {sizes['vocab']}, entropy rate "
         f"H = {fmt(agg['entropy_rate'])} nats/token; GPT {sizes['n_layers']} layers, d = {sizes['d_model']}, "
         f"T = {sizes['steps']} steps (the planned steps × {cfg['scale']}). Excess = held-out loss − H.",
         "",
