@@ -73,6 +73,7 @@ class Experiment:
     config: dict = field(default_factory=dict)
     default_seeds: tuple[int, ...] = DEFAULT_SEEDS
     script: str = ""  # the script's __file__; its source is part of the cache key
+    compact_json: bool = False  # 5 significant digits, no indentation (for results holding long trajectories)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -164,6 +165,16 @@ def dumps(obj) -> str:
     return json.dumps(obj, indent=1, default=_jsonable)
 
 
+def _compact(value):
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # caching
 
@@ -249,7 +260,11 @@ def footer(result: dict) -> str:
 
 def write(result: dict, exp: Experiment, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{exp.name}.json").write_text(dumps(result))
+    if exp.compact_json:
+        text = json.dumps(_compact(result), separators=(",", ":"))
+    else:
+        text = dumps(result)
+    (out / f"{exp.name}.json").write_text(text)
     exp.plot(result, out / f"{exp.name}.png")
     (out / f"{exp.name}.md").write_text("\n\n".join([header(result), exp.markdown(result).strip(), footer(result)]))
 
