@@ -6,7 +6,7 @@ criteria, its plot and its Markdown body) and calls `run(experiment)`. The harne
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
   `--output_dir`) and `--no_cache`;
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
-  by the script's source, this file, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
+  by the script's source, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
 
 Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
@@ -15,7 +15,7 @@ Result schema (every committed `experiments/results/*.json`, tested by `tests/ex
     passed     bool  every criterion passed
     per_seed   dict  str(seed) -> the script's per-seed record
     aggregate  dict  the script's aggregate over seeds
-    wall_s     float wall time of this invocation (cached seeds cost ~0)
+    wall_s     float wall time behind the result: this invocation plus the measured run time of every cached seed
     git_commit str   `git rev-parse HEAD` of the code that ran, with `+dirty` when the tree had changes
     config     dict  seeds, quick, sizes and the script's own settings
     command    str   the command that reproduces the file
@@ -55,7 +55,8 @@ class Experiment:
     """What a script declares; `run` does everything else.
 
     `run_seed(seed, sizes) -> dict` must return JSON-serialisable values (it is cached as JSON).
-    `aggregate(per_seed) -> dict`, `criteria(per_seed, aggregate) -> {name: criterion dict}` (see `criterion`),
+    `aggregate(per_seed, sizes) -> dict`, `criteria(per_seed, aggregate, sizes) -> {name: criterion dict}` (see
+    `criterion`),
     `plot(result, path)` writes the PNG, `markdown(result) -> str` the body placed under the harness's header.
     """
 
@@ -65,13 +66,14 @@ class Experiment:
     sizes: Any
     quick_sizes: Any
     run_seed: Callable[[int, Any], dict]
-    aggregate: Callable[[dict], dict]
-    criteria: Callable[[dict, dict], dict]
+    aggregate: Callable[[dict, Any], dict]
+    criteria: Callable[[dict, dict, Any], dict]
     plot: Callable[[dict, Path], None]
     markdown: Callable[[dict], str]
     config: dict = field(default_factory=dict)
     default_seeds: tuple[int, ...] = DEFAULT_SEEDS
     script: str = ""  # the script's __file__; its source is part of the cache key
+    compact_json: bool = False  # 5 significant digits, no indentation (for results holding long trajectories)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -135,9 +137,13 @@ def git_commit() -> str:
 
 
 def _sources_digest(script: str) -> str:
-    """Digest of the code a cached seed depends on: the script, this file and every `hf_stable` source file."""
+    """Digest of the code a per-seed record depends on: the script and every `hf_stable` source file.
+
+    This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
+    throw away hours of cached seeds.
+    """
     h = hashlib.sha1()
-    files = [Path(script), Path(__file__), *sorted((REPO / "hf_stable").rglob("*.py"))]
+    files = [Path(script), *sorted((REPO / "hf_stable").rglob("*.py"))]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
@@ -157,6 +163,16 @@ def _jsonable(obj):
 
 def dumps(obj) -> str:
     return json.dumps(obj, indent=1, default=_jsonable)
+
+
+def _compact(value):
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -220,7 +236,7 @@ def header(result: dict) -> str:
     ]
     for name, check in result["criteria"].items():
         lines.append(
-            f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | "
+            f"| ({name}) {check['criterion'].replace('|', chr(92) + '|')} | {'PASS' if check['passed'] else 'FAIL'} | "
             f"{check.get('per_seed') or '—'} |"
         )
     return "\n".join(lines)
@@ -234,8 +250,8 @@ def footer(result: dict) -> str:
             "",
             f"    {result['command']}",
             "",
-            f"Wall time of this invocation: {result['wall_s']:.0f} s"
-            + (f" (seeds {cached} from the cache)" if cached else "")
+            f"Wall time behind this result: {result['wall_s']:.0f} s"
+            + (f" (seeds {cached} from the cache; this invocation {result['invocation_s']:.0f} s)" if cached else "")
             + f"; code at `{result['git_commit']}`.",
             "",
         ]
@@ -244,7 +260,11 @@ def footer(result: dict) -> str:
 
 def write(result: dict, exp: Experiment, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{exp.name}.json").write_text(dumps(result))
+    if exp.compact_json:
+        text = json.dumps(_compact(result), separators=(",", ":"))
+    else:
+        text = dumps(result)
+    (out / f"{exp.name}.json").write_text(text)
     exp.plot(result, out / f"{exp.name}.png")
     (out / f"{exp.name}.md").write_text("\n\n".join([header(result), exp.markdown(result).strip(), footer(result)]))
 
@@ -269,15 +289,17 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         if hit:
             cached.append(seed)
         print(f"[{exp.name}] seed {seed}: {'cached' if hit else 'done'} ({time.time() - start:.0f}s)", flush=True)
-    agg = exp.aggregate(per_seed)
-    checks = exp.criteria(per_seed, agg)
+    cached_compute = sum(per_seed[str(s)].get("seed_wall_s", 0.0) for s in cached)
+    agg = exp.aggregate(per_seed, sizes)
+    checks = exp.criteria(per_seed, agg, sizes)
     result = {
         "claim": exp.claim,
         "criteria": checks,
         "passed": all(c["passed"] for c in checks.values()),
         "per_seed": per_seed,
         "aggregate": agg,
-        "wall_s": time.time() - start,
+        "wall_s": time.time() - start + cached_compute,
+        "invocation_s": time.time() - start,
         "git_commit": git_commit(),
         "title": exp.title,
         "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},

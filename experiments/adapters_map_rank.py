@@ -1,6 +1,6 @@
-"""E-B1 "LoMAP vs LoRA vs DoRA at low rank": does MAP's learned base magnitude help at equal rank? (arXiv 2505.23094)
+"""E-B1 LoMAP vs LoRA vs DoRA at low rank: does MAP's learned base magnitude help at equal rank? (arXiv 2505.23094)
 
-Claim (spec `sft_and_adapters.md` §3.1.7). MAP writes the fine-tuned weight as `W' = α·W0/‖W0‖ + β·BA/‖BA‖`
+Claim (MAP, arXiv 2505.23094). MAP writes the fine-tuned weight as `W' = α·W0/‖W0‖ + β·BA/‖BA‖`
 (hf_stable: `α/‖W0‖ = 1 + a`, `β/‖W0‖ = b`, trainable scalars a, b per adapted matrix). Expected: LoMAP ≥ LoRA at
 equal rank, and α/‖W0‖ departs from 1 (the base magnitude is actively used).
 
@@ -68,26 +68,23 @@ Command (about 7 CPU-minutes on one core with a cold cache: 5.3 min measured wit
 30 s per seed of pretraining; 7-8 min wall on a shared 2-core machine):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_map_rank.py
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_map_rank.py --quick --output_dir /tmp/adapters_map_rank
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_map_rank.py --quick --out /tmp/adapters_map_rank
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
-import logging
 import math
-import os
 import random
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, fmt, mean_std, run
 
 
 NAME = "adapters_map_rank"
@@ -411,14 +408,6 @@ def run_seed(seed: int, sizes: Sizes, data: dict) -> dict:
 # aggregation, criteria, outputs
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 def selected(per_seed: dict, seed: str, key: str) -> dict:
     run = per_seed[seed]["runs"][key]
     return run["grid"][run["selected_lr"]]
@@ -483,18 +472,20 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     }
     checks = {
         "a": {
-            "description": f"LoMAP ≥ LoRA at equal rank: for each r, mean test loss(LoMAP) ≤ mean test loss(LoRA) "
+            "criterion": f"LoMAP ≥ LoRA at equal rank: for each r, mean test loss(LoMAP) ≤ mean test loss(LoRA) "
             f"+ {TOL:g}",
             **a,
         },
         "b": {
-            "description": f"α/‖W0‖ departs from 1: for each r, mean over seeds of max over matrices |a| at the end "
+            "criterion": f"α/‖W0‖ departs from 1: for each r, mean over seeds of max over matrices |a| at the end "
             f"> {A_THRESHOLD:g}",
             "values": b_values,
             "passed": all(v > A_THRESHOLD for v in b_values.values()),
             "seeds_holding": b_seeds,
         },
     }
+    for check in checks.values():
+        check["per_seed"] = ", ".join(f"{r}: {h}" for r, h in check["seeds_holding"].items())
     if f"{ABLATION}/r{sizes.ranks[0]}" in arms:  # reported, not a criterion
         checks["a"]["same_rule_for_lomap_10x"] = rule_a(ABLATION)
     return checks
@@ -559,10 +550,6 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def fmt(ms: dict, digits: int = 3) -> str:
-    return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
-
-
 def interpretation(agg: dict, checks: dict, sizes: Sizes) -> str:
     arms = agg["arms"]
     text = []
@@ -589,12 +576,10 @@ def interpretation(agg: dict, checks: dict, sizes: Sizes) -> str:
 
 
 def markdown(result: dict, sizes: Sizes) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
+    agg, checks = result["aggregate"], result["criteria"]
     pre = agg["pretrained"]
     lines = [
-        "# E-B1: LoMAP vs LoRA vs DoRA at low rank",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std. Pretrained on 2-digit addition (T exact match "
+        f"Mean ± std over seeds. Pretrained on 2-digit addition (T exact match "
         f"{fmt(agg['pretrained_T_em'])}), adapted to subtraction for {sizes.steps} steps × {sizes.batch}; LR per "
         "(seed, method, rank) selected on the validation loss from "
         + ", ".join(f"{LABELS[m]} {list(LR_GRID[m])}" for m in METHODS)
@@ -632,20 +617,15 @@ def markdown(result: dict, sizes: Sizes) -> str:
     for r, v in a["values"].items():
         d = a["paired_difference"][r]
         lines.append(
-            f"| (a) {cell(a['description'])} | {r[1:]} | {'PASS' if v['lomap'] <= v['lora'] + TOL else 'FAIL'} | "
+            f"| (a) {cell(a['criterion'])} | {r[1:]} | {'PASS' if v['lomap'] <= v['lora'] + TOL else 'FAIL'} | "
             f"LoMAP {v['lomap']:.3f}, LoRA {v['lora']:.3f} (paired Δ {d['mean']:+.3f} ± {d['se']:.3f} SE) | "
             f"{a['seeds_holding'][r]} |"
         )
     for r, v in b["values"].items():
         lines.append(
-            f"| (b) {cell(b['description'])} | {r[1:]} | {'PASS' if v > A_THRESHOLD else 'FAIL'} | "
+            f"| (b) {cell(b['criterion'])} | {r[1:]} | {'PASS' if v > A_THRESHOLD else 'FAIL'} | "
             f"max \\|a\\| {v:.3f} | {b['seeds_holding'][r]} |"
         )
-    lines += ["", "| criterion | result |", "|---|---|"]
-    lines += [
-        f"| ({name}) {cell(check['description'])} | {'PASS' if check['passed'] else 'FAIL'} |"
-        for name, check in checks.items()
-    ]
     if "same_rule_for_lomap_10x" in a:
         t = a["same_rule_for_lomap_10x"]
         cells = "; ".join(
@@ -659,10 +639,7 @@ def markdown(result: dict, sizes: Sizes) -> str:
             f"{'holds' if t['passed'] else 'fails'}; {cells}.",
         ]
     gap = max(arm["merge_val_loss_gap"]["mean"] for arm in agg["arms"].values())
-    wall = f"Wall time of this run: {result['wall_seconds']:.0f} s (pretraining cached: {result['pretrain_cached']})."
     lines += [
-        "",
-        f"Overall: **{'PASS' if result['passed'] else 'FAIL'}**.",
         "",
         f"Check: largest |val loss after `merge_and_unload` − before| (seed mean) over arms: {gap:.2e}.",
         "",
@@ -670,96 +647,45 @@ def markdown(result: dict, sizes: Sizes) -> str:
         "",
         interpretation(agg, checks, sizes),
         "",
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        wall,
-        "",
     ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+def sizes_of(d: dict) -> Sizes:
+    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-
-def _compact(value):
-    if isinstance(value, float):
-        return float(f"{value:.5g}")
-    if isinstance(value, list):
-        return [_compact(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _compact(v) for k, v in value.items()}
-    return value
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    cli = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    sizes = QUICK if cli.quick else Sizes()
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    data = task_data(sizes)
-    cached = all((pretrain_cache_dir(s, sizes) / "done.json").exists() for s in seeds)
-    per_seed = {str(seed): run_seed(seed, sizes, data) for seed in seeds}
-    agg = aggregate(per_seed, sizes)
-    checks = criteria(per_seed, agg, sizes)
-    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
-    if cli.seeds != [0, 1, 2]:
-        command += " --seeds " + " ".join(map(str, seeds))
-    result = {
-        "experiment": "E-B1 LoMAP vs LoRA vs DoRA at low rank",
-        "config": {
-            "seeds": seeds,
-            "quick": cli.quick,
-            "sizes": asdict(sizes),
-            "methods": list(METHODS),
-            "ablation": ABLATION if sizes.ablation else None,
-            "lr_grid": {k: list(v) for k, v in LR_GRID.items()},
-            "map_scalar_lr_mult": MAP_SCALAR_LR_MULT,
-            "lora_alpha": "2r",
-            "target_modules": "all-linear",
-            "split_seed": SPLIT_SEED,
-            "tol": TOL,
-            "a_threshold": A_THRESHOLD,
-            "task_T": "47+85=132",
-            "task_T_prime": "85-47=038",
-            "selection": "per (seed, method, rank): min validation loss",
-            "pilot": PILOT,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
-        "pretrain_cached": cached,
-        "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # 5 significant digits and no indentation: the a/b trajectories of every run would make this file ~1.5 MB
-    (out / f"{NAME}.json").write_text(json.dumps(_compact(result), separators=(",", ":")))
-    plot(per_seed, agg, sizes, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result, sizes))
-    for name, check in checks.items():
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  values={check['values']}  "
-            f"holds in {check['seeds_holding']}"
-        )
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-B1: LoMAP vs LoRA vs DoRA at low rank",
+    claim="LoMAP ≥ LoRA at equal rank 1/2/4, and MAP uses the base magnitude (α/‖W0‖ departs from 1) "
+    "(arXiv 2505.23094).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, task_data(sizes)),
+    aggregate=aggregate,
+    criteria=criteria,
+    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], sizes_of(result["config"]["sizes"]), path),
+    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    config={
+        "methods": list(METHODS),
+        "ablation": ABLATION,
+        "lr_grid": {k: list(v) for k, v in LR_GRID.items()},
+        "map_scalar_lr_mult": MAP_SCALAR_LR_MULT,
+        "lora_alpha": "2r",
+        "target_modules": "all-linear",
+        "split_seed": SPLIT_SEED,
+        "tol": TOL,
+        "a_threshold": A_THRESHOLD,
+        "task_T": "47+85=132",
+        "task_T_prime": "85-47=038",
+        "selection": "per (seed, method, rank): min validation loss",
+        "pilot": PILOT,
+    },
+    script=__file__,
+    compact_json=True,  # the a/b trajectories of every run would make the JSON ~1.5 MB
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

@@ -1,8 +1,8 @@
-"""E-B2 "rsLoRA rank stabilisation": with α/r higher ranks stop helping, with α/√r they help (arXiv 2312.03732).
+"""E-B2 rsLoRA rank stabilisation: with α/r higher ranks stop helping, with α/√r they help (arXiv 2312.03732).
 
-Claim (spec `sft_and_adapters.md` §3.2). LoRA scales its update by γ_r = α/r. Kalajdzievski argues that under
+Claim (rsLoRA, arXiv 2312.03732). LoRA scales its update by γ_r = α/r. Kalajdzievski argues that under
 Adam-type training the update `γ_r·BA` and its effect shrink as the rank grows unless γ_r = Θ(1/√r) (rsLoRA, α/√r),
-so with α/r and one learning rate, higher ranks do not learn faster, while with α/√r they do. Expected (spec):
+so with α/r and one learning rate, higher ranks do not learn faster, while with α/√r they do. Expected:
 with α/r, the loss after N steps does not improve (or degrades) with r and ‖s·BA‖ shrinks with r; with α/√r, the
 loss improves monotonically with r.
 
@@ -51,27 +51,24 @@ Command (about 6 CPU-minutes on one core with a cold cache: 3.4 min measured wit
 50 s per seed of pretraining; 5.5 min wall on a shared 2-core machine; two runs gave bit-identical numbers):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_rslora_rank.py
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_rslora_rank.py --quick --output_dir /tmp/adapters_rslora
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_rslora_rank.py --quick --out /tmp/adapters_rslora
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import itertools
 import json
-import logging
 import math
-import os
 import random
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, fmt, mean_std, run
 
 
 NAME = "adapters_rslora_rank"
@@ -336,14 +333,6 @@ def run_seed(seed: int, sizes: Sizes, data: dict) -> dict:
 # aggregation, criteria, outputs
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 def aggregate(per_seed: dict) -> dict:
     seeds = list(per_seed)
     out = {
@@ -409,25 +398,25 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes, lr: float) -> dict:
 
     return {
         "a": {
-            "description": f"α/r: final train loss does not improve with r (loss(r_next) ≥ loss(r_prev) − {TOL:g} "
+            "criterion": f"α/r: final train loss does not improve with r (loss(r_next) ≥ loss(r_prev) − {TOL:g} "
             "for consecutive ranks)",
             "values": pretty(train_mean["lora"]),
             "passed": verdict["a"],
-            "seeds_holding": f"{holds['a']}/{n}",
+            "per_seed": f"{holds['a']}/{n}",
             "same_rule_on_test_loss": verdict_test["a"],
         },
         "b": {
-            "description": "α/r: update ratio ‖s·BA‖/‖W0‖ (mean over matrices) strictly decreases with r",
+            "criterion": "α/r: update ratio ‖s·BA‖/‖W0‖ (mean over matrices) strictly decreases with r",
             "values": pretty(ratio_mean["lora"]),
             "passed": verdict["b"],
-            "seeds_holding": f"{holds['b']}/{n}",
+            "per_seed": f"{holds['b']}/{n}",
         },
         "c": {
-            "description": f"α/√r: final train loss improves monotonically with r (loss(r_next) ≤ loss(r_prev) + "
+            "criterion": f"α/√r: final train loss improves monotonically with r (loss(r_next) ≤ loss(r_prev) + "
             f"{TOL:g} for consecutive ranks, and loss(r_max) < loss(1) − {TOL:g})",
             "values": pretty(train_mean["rslora"]),
             "passed": verdict["c"],
-            "seeds_holding": f"{holds['c']}/{n}",
+            "per_seed": f"{holds['c']}/{n}",
             "same_rule_on_test_loss": verdict_test["c"],
         },
     }
@@ -490,10 +479,6 @@ def plot(agg: dict, sizes: Sizes, path: Path) -> None:
     plt.close(fig)
 
 
-def fmt(ms: dict, digits: int = 3) -> str:
-    return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
-
-
 def interpretation(agg: dict, checks: dict, sensitivity: dict, sizes: Sizes) -> str:
     ranks, arms, lr = sizes.ranks, agg["arms"], LRS[0]
 
@@ -523,19 +508,17 @@ def criteria_rows(checks: dict) -> list[str]:
         values = ", ".join(f"{k}: {v:.4f}" for k, v in check["values"].items())
         test = check.get("same_rule_on_test_loss")
         rows.append(
-            f"| ({name}) {check['description']} | {'PASS' if check['passed'] else 'FAIL'} | {values} | "
-            f"{check['seeds_holding']} | {'–' if test is None else ('holds' if test else 'fails')} |"
+            f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | {values} | "
+            f"{check['per_seed']} | {'–' if test is None else ('holds' if test else 'fails')} |"
         )
     return rows
 
 
 def markdown(result: dict, sizes: Sizes) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
+    agg, checks = result["aggregate"], result["criteria"]
     pre = agg["pretrained"]
     lines = [
-        "# E-B2: LoRA (α/r) vs rsLoRA (α/√r) across ranks",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std. Hidden {sizes.hidden_size} tiny Llama pretrained on 2-digit addition (T "
+        f"Mean ± std over seeds. Hidden {sizes.hidden_size} tiny Llama pretrained on 2-digit addition (T "
         f"exact match {fmt(pre['T_em'])}), adapted to subtraction for {sizes.steps} steps × {sizes.batch}, α = "
         f"{ALPHA:g}, one LR for every rank and scaling: {LRS[0]:g} (pre-registered, criteria) and "
         + ", ".join(f"{lr:g}" for lr in LRS[1:])
@@ -558,95 +541,54 @@ def markdown(result: dict, sizes: Sizes) -> str:
         "|---|---|---|---|---|",
     ]
     lines += ["", f"Criteria at the pre-registered LR {LRS[0]:g}:", "", *header, *criteria_rows(checks)]
-    for other, other_checks in result["sensitivity"].items():
+    for other, other_checks in agg["sensitivity"].items():
         lines += ["", f"The same rules at LR {other} (reported, not criteria):", "", *header]
         lines += criteria_rows(other_checks)
-    wall = f"Wall time of this run: {result['wall_seconds']:.0f} s (pretraining cached: {result['pretrain_cached']})."
     lines += [
-        "",
-        f"Overall (criteria at LR {LRS[0]:g}): **{'PASS' if result['passed'] else 'FAIL'}**.",
         "",
         "## Interpretation",
         "",
-        interpretation(agg, checks, result["sensitivity"], sizes),
-        "",
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        wall,
+        interpretation(agg, checks, agg["sensitivity"], sizes),
         "",
     ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
+def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
+    """Criteria at the pre-registered LR; the same rules at the other LRs go into the aggregate (reported only)."""
+    agg["sensitivity"] = {f"{lr:g}": criteria(per_seed, agg, sizes, lr) for lr in LRS[1:]}
+    return criteria(per_seed, agg, sizes, LRS[0])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    cli = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    sizes = QUICK if cli.quick else Sizes()
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    data = task_data(sizes)
-    cached = all((pretrain_cache_dir(s, sizes) / "done.json").exists() for s in seeds)
-    per_seed = {str(seed): run_seed(seed, sizes, data) for seed in seeds}
-    agg = aggregate(per_seed)
-    checks = criteria(per_seed, agg, sizes, LRS[0])
-    sensitivity = {f"{lr:g}": criteria(per_seed, agg, sizes, lr) for lr in LRS[1:]}
-    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
-    if cli.seeds != [0, 1, 2]:
-        command += " --seeds " + " ".join(map(str, seeds))
-    result = {
-        "experiment": "E-B2 rsLoRA rank stabilisation",
-        "config": {
-            "seeds": seeds,
-            "quick": cli.quick,
-            "sizes": asdict(sizes),
-            "alpha": ALPHA,
-            "lrs": list(LRS),
-            "criteria_lr": LRS[0],
-            "tol": TOL,
-            "target_modules": "all-linear",
-            "split_seed": SPLIT_SEED,
-            "task_T": "47+85=132",
-            "task_T_prime": "85-47=038",
-            "pilot": PILOT,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "sensitivity": sensitivity,
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
-        "pretrain_cached": cached,
-        "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(agg, sizes, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result, sizes))
-    for name, check in checks.items():
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  "
-            f"values={ {k: round(v, 4) for k, v in check['values'].items()} }  holds in {check['seeds_holding']}"
-        )
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+def sizes_of(d: dict) -> Sizes:
+    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-B2: LoRA (α/r) vs rsLoRA (α/√r) across ranks",
+    claim="With α/r the loss stops improving with rank; with α/√r it keeps improving (rsLoRA, arXiv 2312.03732).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, task_data(sizes)),
+    aggregate=lambda per_seed, sizes: aggregate(per_seed),
+    criteria=judged,
+    plot=lambda result, path: plot(result["aggregate"], sizes_of(result["config"]["sizes"]), path),
+    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    config={
+        "alpha": ALPHA,
+        "lrs": list(LRS),
+        "criteria_lr": LRS[0],
+        "tol": TOL,
+        "target_modules": "all-linear",
+        "split_seed": SPLIT_SEED,
+        "task_T": "47+85=132",
+        "task_T_prime": "85-47=038",
+        "pilot": PILOT,
+    },
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

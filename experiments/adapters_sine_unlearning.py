@@ -1,11 +1,11 @@
-"""E-B4 "bounded sine adapters for unlearning": gradient difference with vanilla LoRA vs sine adapters on the MLP.
+"""E-B4 bounded sine adapters for unlearning: gradient difference with vanilla LoRA vs sine adapters on the MLP.
 
-Claim (spec `sft_and_adapters.md` §3.4, `unlearning.md` §2.2/§2.8; "Stable Forgetting", arXiv 2509.24166).
+Claim ("Stable Forgetting", arXiv 2509.24166).
 Gradient difference (GradDiff: descent on retain data, ascent on forget data, `loss = CE_retain − λ_f·CE_forget`)
 has an unbounded forget term, so LoRA adapters on the MLP projections grow without bound, the gradients grow with
 them and retained knowledge collapses. Passing the low-rank product through a sine (`ΔW = s·sin(ω·BA)/g`, s =
 lora_alpha/r, g = √in_features; Sine-LoRA) bounds every entry, |ΔW_ij| ≤ s/g, hence ‖ΔW‖_F ≤ s·√(m·n)/g, and
-the spec expects forgetting with retained accuracy largely preserved.
+the paper expects forgetting with retained accuracy largely preserved.
 
 Design.
 * Facts: per seed, 200 distinct random 4-letter keys (a-z) mapped to random 3-digit values, prompt `qwer=`,
@@ -62,27 +62,24 @@ changed after the seed 0-2 runs.
 Command (cold cache, i.e. including the three base models: 486 s wall on a shared 2-core machine, about half of it
 CPU time; wall time in the Markdown output):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_sine_unlearning.py
-Pilot: `... --seeds 100 --lr 1e-3 --output_dir /tmp/pilot`.
+Pilot: `... --seeds 100 --out /tmp/pilot` with `Sizes.lr` set to the pilot LR.
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_sine_unlearning.py --quick --output_dir /tmp/e_b4_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_sine_unlearning.py --quick --out /tmp/e_b4_quick
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import logging
 import math
-import os
 import random
 import statistics
 import time
-import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, run
 
 
 NAME = "adapters_sine_unlearning"
@@ -538,7 +535,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
         lora = arms["lora"]
         diverged = lora["diverged"] == len(seeds)
         checks["1a"] = {
-            "description": f"vanilla LoRA: ‖ΔW‖_F (sum) at the end > {NORM_GROWTH:g} × at step "
+            "criterion": f"vanilla LoRA: ‖ΔW‖_F (sum) at the end > {NORM_GROWTH:g} × at step "
             f"{sizes.norm_ref_step}, or non-finite",
             "values": {
                 "growth": lora["dw_growth"]["mean"],
@@ -546,12 +543,12 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
                 "dw_end": lora["dw_fro_end"]["mean"],
             },
             "passed": diverged or lora["dw_growth"]["mean"] > NORM_GROWTH,
-            "seeds_holding": holds(
+            "per_seed": holds(
                 lambda r: r["arms"]["lora"]["diverged_at"] is not None or r["arms"]["lora"]["dw_growth"] > NORM_GROWTH
             ),
         }
         checks["1b"] = {
-            "description": f"vanilla LoRA: mean grad norm, last {sizes.late_window} steps > {GRAD_GROWTH:g} × "
+            "criterion": f"vanilla LoRA: mean grad norm, last {sizes.late_window} steps > {GRAD_GROWTH:g} × "
             f"mean over steps {sizes.early_window[0]}-{sizes.early_window[1]}, or non-finite",
             "values": {
                 "growth": lora["grad_growth"]["mean"],
@@ -559,21 +556,21 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
                 "late": lora["grad_late"]["mean"],
             },
             "passed": diverged or lora["grad_growth"]["mean"] > GRAD_GROWTH,
-            "seeds_holding": holds(
+            "per_seed": holds(
                 lambda r: (
                     r["arms"]["lora"]["diverged_at"] is not None or r["arms"]["lora"]["grad_growth"] > GRAD_GROWTH
                 )
             ),
         }
         checks["1c"] = {
-            "description": f"vanilla LoRA: final retain EM < {RETAIN_COLLAPSE:g} × retain EM at step 0",
+            "criterion": f"vanilla LoRA: final retain EM < {RETAIN_COLLAPSE:g} × retain EM at step 0",
             "values": {"start": lora["retain_em_start"]["mean"], "end": lora["retain_em_end"]["mean"]},
             "passed": lora["retain_em_end"]["mean"] < RETAIN_COLLAPSE * lora["retain_em_start"]["mean"],
-            "seeds_holding": holds(lambda r: r["arms"]["lora"]["retain_em_ratio"] < RETAIN_COLLAPSE),
+            "per_seed": holds(lambda r: r["arms"]["lora"]["retain_em_ratio"] < RETAIN_COLLAPSE),
         }
     if sine:
         checks["2"] = {
-            "description": "sine, every ω, seed, step and matrix: max|ΔW_ij| ≤ s/g and ‖ΔW‖_F ≤ s·√(mn)/g "
+            "criterion": "sine, every ω, seed, step and matrix: max|ΔW_ij| ≤ s/g and ‖ΔW‖_F ≤ s·√(mn)/g "
             f"(rtol {BOUND_RTOL:g})",
             "values": {
                 a: {
@@ -584,7 +581,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
                 for a in sine
             },
             "passed": all(sum(arms[a]["bound_violations"]["values"]) == 0 for a in sine),
-            "seeds_holding": holds(lambda r: all(r["arms"][a]["bound_violations"] == 0 for a in sine)),
+            "per_seed": holds(lambda r: all(r["arms"][a]["bound_violations"] == 0 for a in sine)),
         }
 
         def ok3(d_ce, em_start, em_end) -> bool:
@@ -604,11 +601,11 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
             for a in sine
         }
         checks["3"] = {
-            "description": f"sine, some ω: mean forget CE rises ≥ {FORGET_MARGIN:g} nat/token and mean final retain "
+            "criterion": f"sine, some ω: mean forget CE rises ≥ {FORGET_MARGIN:g} nat/token and mean final retain "
             f"EM ≥ {RETAIN_KEEP:g} × its step-0 value",
             "values": per_freq,
             "passed": any(v["passed"] for v in per_freq.values()),
-            "seeds_holding": holds(
+            "per_seed": holds(
                 lambda r: any(
                     ok3(r["arms"][a]["d_forget_ce"], r["arms"][a]["retain_em_start"], r["arms"][a]["retain_em_end"])
                     for a in sine
@@ -763,17 +760,15 @@ def first_step(checkpoints: dict, key: str, threshold: float) -> int | None:
     return next((step for step, v in zip(checkpoints["step"], checkpoints[key], strict=False) if v <= threshold), None)
 
 
-def markdown(result: dict, command: str) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
+def markdown(result: dict) -> str:
+    agg, checks, cfg = result["aggregate"], result["criteria"], result["config"]
     sizes = cfg["sizes"]
 
     def fmt(ms, digits=3, sign=False):
         return f"{ms['mean']:{'+' if sign else ''}.{digits}g} ± {ms['std']:.2g}"
 
     lines = [
-        "# E-B4: bounded sine adapters for gradient-difference unlearning",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std. Tiny Llama fully fine-tuned on {sizes['num_forget']} forget + "
+        f"Mean ± std over seeds. Tiny Llama fully fine-tuned on {sizes['num_forget']} forget + "
         f"{sizes['num_retain']} retain random key→value facts; then {sizes['steps']} steps of gradient difference "
         f"(CE_retain − {sizes['forget_weight']:g}·CE_forget, full sets every step, AdamW LR {sizes['lr']:g}, "
         "constant) "
@@ -798,15 +793,7 @@ def markdown(result: dict, command: str) -> str:
         "",
         "(max ratios are over all steps and seeds; for vanilla LoRA the s/g of a sine adapter of the same "
         "layer is only a reference, no bound applies.)",
-        "",
-        "| criterion | result | seeds where it holds |",
-        "|---|---|---|",
     ]
-    for name, check in checks.items():
-        description = check["description"].replace("|", "\\|")  # a literal pipe would split the table cell
-        lines.append(
-            f"| ({name}) {description} | {'PASS' if check['passed'] else 'FAIL'} | {check['seeds_holding']} |"
-        )
     if "3" in checks:
         lines += [
             "",
@@ -822,7 +809,6 @@ def markdown(result: dict, command: str) -> str:
                 f"{checks['3']['seeds_holding_per_freq'][arm]} |"
             )
     consistency = max(a["forward_consistency_max_abs"] for a in agg["arms"].values())
-    wall = f"Wall time of this run: {result['wall_seconds']:.0f} s (base models cached: {result['base_cached']})."
     lines += [
         "",
         f"Forward consistency (adapted layer output vs x·(W0 + get_delta_weight)ᵀ): max abs difference "
@@ -831,95 +817,39 @@ def markdown(result: dict, command: str) -> str:
         "## Interpretation",
         "",
         interpretation(agg, checks, sizes["hidden_size"]),
-        "",
-        "## Rerun",
-        "",
-        f"    {command}",
-        "",
-        wall,
-        "",
     ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--lr", type=float, default=None, help="gradient-difference LR (pilot only)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    cli = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    sizes = QUICK if cli.quick else Sizes()
-    if cli.lr is not None:
-        sizes = replace(sizes, lr=cli.lr)
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    arms = tuple(a for a in ARMS if a in cli.arms)
-    start = time.time()
-    cached = all((base_cache_dir(s, sizes) / "done.json").exists() for s in seeds)
-    per_seed = {str(seed): run_seed(seed, sizes, arms) for seed in seeds}
-    agg = aggregate(per_seed, arms)
-    checks = criteria(per_seed, agg, sizes)
-    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
-    if cli.seeds != [0, 1, 2]:
-        command += " --seeds " + " ".join(map(str, seeds))
-    if cli.lr is not None:
-        command += f" --lr {cli.lr:g}"
-    if arms != ARMS:
-        command += " --arms " + " ".join(arms)
-    result = {
-        "experiment": "E-B4 bounded sine adapters for gradient-difference unlearning",
-        "config": {
-            "seeds": seeds,
-            "arms": list(arms),
-            "freqs": {a: FREQS[a] for a in arms if a in FREQS},
-            "sine_g": "sqrt_in",
-            "target_modules": TARGETS,
-            "quick": cli.quick,
-            "sizes": asdict(sizes),
-            "criteria_constants": {
-                "norm_growth": NORM_GROWTH,
-                "grad_growth": GRAD_GROWTH,
-                "retain_collapse": RETAIN_COLLAPSE,
-                "bound_rtol": BOUND_RTOL,
-                "forget_margin": FORGET_MARGIN,
-                "retain_keep": RETAIN_KEEP,
-            },
-            "torch_threads": torch.get_num_threads(),
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-B4: bounded sine adapters for gradient-difference unlearning",
+    claim="Bounded sine MLP adapters keep gradient-difference unlearning stable where plain LoRA's adapter norm, "
+    "gradients and retained accuracy blow up (Stable Forgetting, arXiv 2509.24166).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, ARMS),
+    aggregate=lambda per_seed, sizes: aggregate(per_seed, ARMS),
+    criteria=criteria,
+    plot=lambda result, path: plot(result["aggregate"], path),
+    markdown=markdown,
+    config={
+        "arms": list(ARMS),
+        "freqs": FREQS,
+        "sine_g": "sqrt_in",
+        "target_modules": TARGETS,
+        "criteria_constants": {
+            "norm_growth": NORM_GROWTH,
+            "grad_growth": GRAD_GROWTH,
+            "retain_collapse": RETAIN_COLLAPSE,
+            "bound_rtol": BOUND_RTOL,
+            "forget_margin": FORGET_MARGIN,
+            "retain_keep": RETAIN_KEEP,
         },
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
-        "base_cached": cached,
-        "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(agg, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result, command))
-    for name, check in checks.items():
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  holds in "
-            f"{check['seeds_holding']} seeds  values={json.dumps(check['values'], default=str)[:300]}"
-        )
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+    },
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

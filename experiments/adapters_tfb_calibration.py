@@ -1,6 +1,6 @@
-"""E-B3 "TFB calibration": training-free Bayesianisation of an overconfident LoRA (arXiv 2412.05723).
+"""E-B3 TFB calibration: training-free Bayesianisation of an overconfident LoRA (arXiv 2412.05723).
 
-Claim (spec `sft_and_adapters.md` §3.3.5). Searching the largest isotropic low-rank noise σ* whose predictions flip
+Claim (TFB, arXiv 2412.05723). Searching the largest isotropic low-rank noise σ* whose predictions flip
 at most 1 % of the anchor (training) predictions, then averaging N = 10 sampled softmaxes, improves the calibration
 of a LoRA fine-tuned to overconfidence (lower ECE and NLL than the deterministic LoRA) at the same accuracy (within
 ≈ 1 point); σ* grows with the budget; the sampled predictive entropy is higher on shifted inputs.
@@ -57,8 +57,9 @@ Design.
      began: "the smallest training set in {256, 512, 1024} with training accuracy ≥ 0.99 and held-out accuracy ≥
      0.6" (an overconfident but non-trivial regime; epochs and LR only had to reach the training accuracy): 256
      problems, 250 epochs, LR 3e-3 were kept.
-  4. The final script on seed 100 (`--seeds 100 --deterministic_only`): train 1.000 (confidence 0.988), held-out
-     0.845 (confidence 0.927, ECE 0.093), shifted 0.062 (confidence 0.947). Then one full run on seed 100 checked
+  4. The final script on seed 100, deterministic LoRA only (a pilot flag since retired with the harness port):
+     train 1.000 (confidence 0.988), held-out 0.845 (confidence 0.927, ECE 0.093), shifted 0.062 (confidence
+     0.947). Then one full run on seed 100 checked
      the run time (TFB part ≈ 60 s per seed); its TFB numbers (1 %: σ* 0.038, held-out ECE 0.093 → 0.076, NLL 0.545
      → 0.485, accuracy −0.009; entropy +0.33 held-out, +0.62 shifted) were seen, and nothing was changed in
      response. Nothing was changed after seeing seeds 0-2.
@@ -81,31 +82,26 @@ PASS/FAIL as measured):
 Command (301 s wall on one shared core with a cold cache, i.e. including the three bases and LoRAs; wall time of the
 committed run in the Markdown output):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_tfb_calibration.py
-Pilot step 4 (seed 100, deterministic LoRA only; steps 1-3 ran earlier versions of this script and a throw-away
-LoRA loop with the same training function):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_tfb_calibration.py --seeds 100 --deterministic_only \
-        --output_dir /tmp/tfb_pilot
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_tfb_calibration.py --quick --output_dir /tmp/tfb_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/adapters_tfb_calibration.py --quick --out /tmp/tfb_quick
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
-import logging
 import math
-import os
 import random
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, fmt, mean_std
+from _harness import run as run_experiment
 
 
 NAME = "adapters_tfb_calibration"
@@ -479,14 +475,6 @@ def arm_key(noise: str, budget: float) -> str:
 METRICS = ("accuracy", "ece", "nll", "entropy", "confidence", "non_digit_mass")
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 def pooled_bins(results: list[dict]) -> dict:
     return {k: [sum(r["bins"][k][i] for r in results) for i in range(ECE_BINS)] for k in results[0]["bins"]}
 
@@ -575,10 +563,10 @@ def criteria(per_seed: dict, agg: dict) -> dict:
     }
     return {
         k: {
-            "description": descriptions[k],
+            "criterion": descriptions[k],
             "values": values[k],
             "passed": passed[k],
-            "seeds_holding": f"{sum(p[k] for p in per)}/{len(per)}",
+            "per_seed": f"{sum(p[k] for p in per)}/{len(per)}",
         }
         for k in descriptions
     }
@@ -605,9 +593,7 @@ def posthoc_premise(per_seed: dict) -> dict:
     out = {"seeds": list(keep), "excluded": [seed for seed in per_seed if seed not in keep]}
     if keep:
         checks = criteria(keep, aggregate(keep))
-        out["criteria"] = {
-            k: {key: c[key] for key in ("passed", "values", "seeds_holding")} for k, c in checks.items()
-        }
+        out["criteria"] = {k: {key: c[key] for key in ("passed", "values", "per_seed")} for k, c in checks.items()}
     return out
 
 
@@ -739,13 +725,12 @@ def interpretation(agg: dict, checks: dict, per_seed: dict, posthoc: dict) -> st
             )
     failed = [k for k, c in checks.items() if not c["passed"]]
     if failed:
-        text.append("Not replicated here: " + "; ".join(f"({k}) {checks[k]['description']}" for k in failed) + ".")
+        text.append("Not replicated here: " + "; ".join(f"({k}) {checks[k]['criterion']}" for k in failed) + ".")
     if posthoc["excluded"] and "criteria" in posthoc:
         text.append(
             f"On the seeds where the premise holds ({', '.join(posthoc['seeds'])}; post-hoc, not scored): "
             + ", ".join(
-                f"({k}) {'PASS' if c['passed'] else 'FAIL'} ({c['seeds_holding']})"
-                for k, c in posthoc["criteria"].items()
+                f"({k}) {'PASS' if c['passed'] else 'FAIL'} ({c['per_seed']})" for k, c in posthoc["criteria"].items()
             )
             + "."
         )
@@ -753,16 +738,10 @@ def interpretation(agg: dict, checks: dict, per_seed: dict, posthoc: dict) -> st
 
 
 def markdown(result: dict) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
-
-    def fmt(ms, digits=3):
-        return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
-
+    agg, checks, cfg = result["aggregate"], result["criteria"], result["config"]
     sizes = cfg["sizes"]
     lines = [
-        "# E-B3: TFB calibration of an overconfident LoRA",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std. Task: `(a+b) // 20` (10-way, one answer token); LoRA r "
+        f"Mean ± std over seeds. Task: `(a+b) // 20` (10-way, one answer token); LoRA r "
         f"{sizes['lora_r']}, α {sizes['lora_alpha']} on {sizes['train_size']} training problems for "
         f"{sizes['lora_epochs']} epochs from a base pretrained on reversed-sum addition. TFB: flip budget on "
         f"{sizes['anchor_size']} training prompts (no labels), N = {N_SAMPLES} samples. Metrics over the 10 digit "
@@ -789,16 +768,7 @@ def markdown(result: dict) -> str:
         f"Main TFB row: `{arm_key(MAIN_NOISE, MAIN_BUDGET)}`. Non-digit predictive mass (held-out, det / "
         f"TFB): {agg['deterministic']['heldout']['non_digit_mass']['mean']:.2e} / "
         f"{agg['tfb'][arm_key(MAIN_NOISE, MAIN_BUDGET)]['heldout']['non_digit_mass']['mean']:.2e}.",
-        "",
-        "| criterion | values (seed means) | result | seeds where it holds |",
-        "|---|---|---|---|",
     ]
-    for name, check in checks.items():
-        values = ", ".join(f"{k} {v:.4g}" for k, v in check["values"].items())
-        lines.append(
-            f"| ({name}) {check['description']} | {values} | {'PASS' if check['passed'] else 'FAIL'} | "
-            f"{check['seeds_holding']} |"
-        )
     lines += [
         "",
         "Per seed (deterministic → TFB flipout_token @ 1 % on held-out; σ* per budget):",
@@ -819,7 +789,7 @@ def markdown(result: dict) -> str:
             f"{run['train']['confidence']:.3f} | {arrow('accuracy')} | {arrow('confidence')} | {arrow('ece')} | "
             f"{arrow('nll')} | {arrow('entropy', 'shifted')} | {sigmas} |"
         )
-    extra = result["extra_weight_per_sequence"]
+    extra = agg["extra_weight_per_sequence"]
     lines += [
         "",
         f"Extra (not scored), `{EXTRA_NOISE}` at 1 % in place of `{MAIN_NOISE}`: "
@@ -830,7 +800,7 @@ def markdown(result: dict) -> str:
         "",
         "## Interpretation",
         "",
-        interpretation(agg, checks, result["per_seed"], result["posthoc_premise"]),
+        interpretation(agg, checks, result["per_seed"], agg["posthoc_premise"]),
         "",
         "## Pilot",
         "",
@@ -841,55 +811,31 @@ def markdown(result: dict) -> str:
         "One full seed-100 run then checked the run time; nothing was changed after it or after seeds 0-2. "
         "Details in the script's docstring.",
         "",
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        f"Wall time of this run: {result['wall_seconds']:.0f} s (caches warm at start: {result['caches_warm']}).",
-        "",
     ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import transformers
+def with_reported(per_seed: dict, sizes: Sizes) -> dict:
+    """The aggregate plus the reported (not scored) weight_per_sequence row and the post-hoc premise check."""
+    agg = aggregate(per_seed)
+    agg["extra_weight_per_sequence"] = extra_rows(agg)
+    agg["posthoc_premise"] = posthoc_premise(per_seed)
+    return agg
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--train_size", type=int, default=None, help="override the LoRA training-set size (pilot)")
-    parser.add_argument("--deterministic_only", action="store_true", help="stop before TFB (pilot)")
-    cli = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    sizes = QUICK if cli.quick else Sizes()
-    if cli.train_size is not None:
-        sizes = replace(sizes, train_size=cli.train_size, anchor_size=min(sizes.anchor_size, cli.train_size))
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    warm = all((lora_dir(s, sizes) / "done.json").exists() for s in seeds)
-    per_seed = {str(seed): run_seed(seed, sizes, cli.deterministic_only) for seed in seeds}
-    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
-    if cli.seeds != [0, 1, 2]:
-        command += " --seeds " + " ".join(map(str, seeds))
-    if cli.train_size is not None:
-        command += f" --train_size {cli.train_size}"
-    if cli.deterministic_only:
-        command += " --deterministic_only"
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "seeds": seeds,
-        "quick": cli.quick,
-        "sizes": asdict(sizes),
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-B3: TFB calibration of an overconfident LoRA",
+    claim="Training-free Bayesianisation (TFB) lowers the ECE and NLL of an overconfident LoRA at about the same "
+    "accuracy (arXiv 2412.05723).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, False),
+    aggregate=with_reported,
+    criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg),
+    plot=lambda result, path: plot(result["aggregate"], result["per_seed"], path),
+    markdown=markdown,
+    config={
         "budgets": list(BUDGETS),
         "main_budget": MAIN_BUDGET,
         "main_noise": MAIN_NOISE,
@@ -908,46 +854,10 @@ def main() -> None:
             "shifted_prompt": prompt_of(47, 85, 3),
             "base_completion": reversed_sum(47, 85),
         },
-        "torch_threads": torch.get_num_threads(),
-        "deterministic_only": cli.deterministic_only,
-    }
-    if cli.deterministic_only:
-        result = {
-            "experiment": "E-B3 TFB calibration (pilot, deterministic only)",
-            "config": config,
-            "per_seed": per_seed,
-            "wall_seconds": time.time() - start,
-            "command": command,
-        }
-        (out / f"{NAME}_pilot.json").write_text(json.dumps(result, indent=1))
-        print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}_pilot.json")
-        return
-    agg = aggregate(per_seed)
-    checks = criteria(per_seed, agg)
-    result = {
-        "experiment": "E-B3 TFB calibration",
-        "config": config,
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "passed": all(c["passed"] for c in checks.values()),
-        "extra_weight_per_sequence": extra_rows(agg),
-        "posthoc_premise": posthoc_premise(per_seed),
-        "wall_seconds": time.time() - start,
-        "caches_warm": warm,
-        "command": command,
-    }
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(agg, per_seed, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result))
-    for name, check in checks.items():
-        values = {k: round(v, 4) for k, v in check["values"].items()}
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  values={values}  "
-            f"holds in {check['seeds_holding']} seeds"
-        )
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+    },
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run_experiment(EXPERIMENT)

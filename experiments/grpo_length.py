@@ -1,13 +1,13 @@
-"""E-G1 "length": DRPO, on-policy SFT and ΔL against length-penalised GRPO on answers of varying length.
+"""E-G1 length: DRPO, on-policy SFT and ΔL against length-penalised GRPO on answers of varying length.
 
-Claims (spec `grpo_variants.md`):
-* §4 DRPO (arXiv 2510.04474): a length penalty folded into the reward (GRPO on `r·(1 − λ·L/L_max)`) can give correct
+Claims:
+* DRPO (arXiv 2510.04474): a length penalty folded into the reward (GRPO on `r·(1 − λ·L/L_max)`) can give correct
   but long answers a negative advantage; DRPO keeps correct-vs-incorrect and the length preference apart (softmax of
   `r_len/λ` over the correct answers only), so it shortens correct answers without paying in accuracy.
-* §11 on-policy SFT (arXiv 2602.13407): SFT on the model's own correct, complete samples with a length budget
+* On-policy SFT (arXiv 2602.13407): SFT on the model's own correct, complete samples with a length budget
   (`max_completion_length` below the natural length; a truncated sample is dropped) pulls the mean length toward the
   budget while accuracy on the training prompts holds.
-* §3 ΔL (arXiv 2509.07558): minimum-variance unbiased length weighting of the loss; reported for stability only.
+* ΔL (arXiv 2509.07558): minimum-variance unbiased length weighting of the loss; reported for stability only.
 
 Design.
 * Task: addition `a+b=` with a, b ∈ [0, 49] (character tokenizer of `hf_stable.testing`, tiny Llama, hidden 64, 2
@@ -42,7 +42,7 @@ Design.
   shortens the answers, so LR 1e-4 was kept for every arm. The other arms were only run for 5 steps to check they
   execute; nothing was tuned per method, and nothing was changed after the seed 0-2 runs.
 
-Pass criteria (pre-registered, the spec's claims; printed PASS/FAIL as measured):
+Pass criteria (pre-registered, the papers' claims; printed PASS/FAIL as measured):
   (a) DRPO: final accuracy ≥ final accuracy of `grpo_lp` − 0.02 and final mean correct length ≤ that of `grpo_lp`;
   (b) on-policy SFT: on the training prompts, the mean correct length closes at least half of its initial gap to the
       budget (end − budget ≤ 0.5·(start − budget)) and accuracy ends ≥ its start − 0.05;
@@ -51,34 +51,35 @@ Pass criteria (pre-registered, the spec's claims; printed PASS/FAIL as measured)
 Command (measured 535 s wall with a cold cache, i.e. including the three ≈ 30 s warm starts, and 426 s with them
 cached, on 2 CPU cores shared with two other jobs; reruns reproduce the numbers exactly):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_length.py
-Pilot: `... --seeds 100 --arms grpo_lp --learning_rate 3e-4 --output_dir /tmp/pilot`.
+Pilot: `... --seeds 100 --out /tmp/pilot` with `ARMS = ("grpo_lp",)` and `Sizes.learning_rate` set.
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_length.py --quick --output_dir /tmp/grpo_length_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_length.py --quick --out /tmp/grpo_length_quick
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import logging
-import os
 import random
 import statistics
 import tempfile
 import time
-import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, fmt, mean_std, run
 
 
 NAME = "grpo_length"
 ROOT = Path(__file__).resolve().parent
 ARMS = ("grpo_lp", "drpo", "onpolicy_sft", "delta_l")
-LABELS = {"grpo_lp": "GRPO, length-penalised reward", "drpo": "DRPO", "onpolicy_sft": "on-policy SFT (budget 5)",
-          "delta_l": "GRPO + ΔL (α = 1)"}
+LABELS = {
+    "grpo_lp": "GRPO, length-penalised reward",
+    "drpo": "DRPO",
+    "onpolicy_sft": "on-policy SFT (budget 5)",
+    "delta_l": "GRPO + ΔL (α = 1)",
+}
 COLORS = {"grpo_lp": "tab:blue", "drpo": "tab:red", "onpolicy_sft": "tab:green", "delta_l": "tab:purple"}
 MAX_OPERAND = 49
 FILLER = " ok ok ok"
@@ -91,16 +92,22 @@ ACC_TOLERANCE = 0.02  # (a)
 HOLD_TOLERANCE = 0.05  # (b), (c)
 GAP_FRACTION = 0.5  # (b): the gap to the budget must shrink to at most this fraction
 PILOT = {
-    "seed": 100, "steps": 300, "arm": "grpo_lp", "rule": "highest final held-out sampled accuracy",
-    "grid": [1e-4, 3e-4, 1e-3], "extension": [3e-5],
-    "results": {"3e-5": {"accuracy": 0.442, "correct_length": 4.76},
-                "1e-4": {"accuracy": 0.440, "correct_length": 3.33},
-                "3e-4": {"accuracy": 0.310, "correct_length": 3.02},
-                "1e-3": {"accuracy": 0.004, "correct_length": 2.33}},
+    "seed": 100,
+    "steps": 300,
+    "arm": "grpo_lp",
+    "rule": "highest final held-out sampled accuracy",
+    "grid": [1e-4, 3e-4, 1e-3],
+    "extension": [3e-5],
+    "results": {
+        "3e-5": {"accuracy": 0.442, "correct_length": 4.76},
+        "1e-4": {"accuracy": 0.440, "correct_length": 3.33},
+        "3e-4": {"accuracy": 0.310, "correct_length": 3.02},
+        "1e-3": {"accuracy": 0.004, "correct_length": 2.33},
+    },
     "start": {"accuracy": 0.407, "correct_length": 6.92},
     "chosen": 1e-4,
     "note": "1e-4 wins the pre-declared grid; the grid edge was extended by 3e-5, which tied (0.442 vs 0.440, eval "
-            "noise ±0.011) while barely shortening the answers in 300 steps, so 1e-4 was kept",
+    "noise ±0.011) while barely shortening the answers in 300 steps, so 1e-4 was kept",
 }
 
 
@@ -120,8 +127,9 @@ class Sizes:
     logging_steps: int = 10
 
 
-QUICK = Sizes(num_test=64, num_train_eval=64, eval_samples=2, warm_examples=6000, steps=8, eval_every=4,
-              logging_steps=4)
+QUICK = Sizes(
+    num_test=64, num_train_eval=64, eval_samples=2, warm_examples=6000, steps=8, eval_every=4, logging_steps=4
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -165,8 +173,10 @@ def correctness_reward(completions: list[str], answer: list[str], **kwargs) -> l
 
 def length_penalised_reward(completions: list[str], answer: list[str], completion_ids, **kwargs) -> list[float]:
     """`correct · (1 − 0.5·L/L_max)`, L = generated tokens including eos."""
-    return [float(is_correct(c, a)) * (1 - LENGTH_PENALTY * len(ids) / L_MAX)
-            for c, a, ids in zip(completions, answer, completion_ids, strict=True)]
+    return [
+        float(is_correct(c, a)) * (1 - LENGTH_PENALTY * len(ids) / L_MAX)
+        for c, a, ids in zip(completions, answer, completion_ids, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -188,15 +198,23 @@ def generate(model, tokenizer, prompts: list[str], sample: bool, seed: int) -> t
     ids, attention = left_padded(tokenizer, prompts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=L_MAX, do_sample=sample,
-                             temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            max_new_tokens=L_MAX,
+            do_sample=sample,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     model.train(was_training)
     new = out[:, ids.shape[1] :].tolist()
     eos = tokenizer.eos_token_id
     lengths = [row.index(eos) + 1 if eos in row else len(row) for row in new]
     truncated = [eos not in row for row in new]
-    texts = tokenizer.batch_decode([row[: n] for row, n in zip(new, lengths, strict=True)], skip_special_tokens=True)
+    texts = tokenizer.batch_decode([row[:n] for row, n in zip(new, lengths, strict=True)], skip_special_tokens=True)
     return texts, lengths, truncated
 
 
@@ -207,9 +225,12 @@ def evaluate(model, tokenizer, problems, samples: int, seed: int) -> dict:
     texts, lengths, truncated = generate(model, tokenizer, prompts, sample=True, seed=seed)
     correct = [is_correct(t, a) for t, a in zip(texts, answers, strict=True)]
     correct_lengths = [n for n, c in zip(lengths, correct, strict=True) if c]
-    return {"accuracy": sum(correct) / len(correct),
-            "correct_length": statistics.fmean(correct_lengths) if correct_lengths else float("nan"),
-            "length": statistics.fmean(lengths), "truncated": sum(truncated) / len(truncated)}
+    return {
+        "accuracy": sum(correct) / len(correct),
+        "correct_length": statistics.fmean(correct_lengths) if correct_lengths else float("nan"),
+        "length": statistics.fmean(lengths),
+        "truncated": sum(truncated) / len(truncated),
+    }
 
 
 def greedy_accuracy(model, tokenizer, problems) -> float:
@@ -230,10 +251,13 @@ def make_eval_callback(tokenizer, split: dict, sizes: Sizes, seed: int):
             if self.points and self.points[-1]["step"] == step:
                 return
             eval_seed = 10_000 * (seed + 1) + step
-            self.points.append({"step": step,
-                                "test": evaluate(model, tokenizer, split["test"], sizes.eval_samples, eval_seed),
-                                "train": evaluate(model, tokenizer, split["train_eval"], sizes.eval_samples,
-                                                  eval_seed + 5000)})
+            self.points.append(
+                {
+                    "step": step,
+                    "test": evaluate(model, tokenizer, split["test"], sizes.eval_samples, eval_seed),
+                    "train": evaluate(model, tokenizer, split["train_eval"], sizes.eval_samples, eval_seed + 5000),
+                }
+            )
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             self.record(0, model)
@@ -275,12 +299,27 @@ def warm_start(seed: int, sizes: Sizes, split: dict) -> tuple[Path, bool]:
     rows = verbose_rows(split["pool"], sizes.warm_examples, random.Random(seed))
     with tempfile.TemporaryDirectory() as tmp:
         args = StableSFTConfig(
-            output_dir=tmp, seed=seed, learning_rate=sizes.warm_lr, per_device_train_batch_size=sizes.warm_batch,
-            num_train_epochs=1, lr_scheduler_type="linear", warmup_steps=0.1, weight_decay=1e-4, logging_steps=50,
-            max_length=32, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
-            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
-        trainer = StableSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                   processing_class=tokenizer)
+            output_dir=tmp,
+            seed=seed,
+            learning_rate=sizes.warm_lr,
+            per_device_train_batch_size=sizes.warm_batch,
+            num_train_epochs=1,
+            lr_scheduler_type="linear",
+            warmup_steps=0.1,
+            weight_decay=1e-4,
+            logging_steps=50,
+            max_length=32,
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = StableSFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
+        )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     model.save_pretrained(path)
@@ -293,21 +332,46 @@ def warm_start(seed: int, sizes: Sizes, split: dict) -> tuple[Path, bool]:
 def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
     from hf_stable import StableGRPOConfig
 
-    extra = {"grpo_lp": {}, "drpo": {"loss_mode": "drpo"},
-             "onpolicy_sft": {"loss_mode": "onpolicy_sft", "osft_require_eos": True},
-             "delta_l": {"delta_l_alpha": 1.0, "loss_type": "dr_grpo"}}[arm]
+    extra = {
+        "grpo_lp": {},
+        "drpo": {"loss_mode": "drpo"},
+        "onpolicy_sft": {"loss_mode": "onpolicy_sft", "osft_require_eos": True},
+        "delta_l": {"delta_l_alpha": 1.0, "loss_type": "dr_grpo"},
+    }[arm]
     return StableGRPOConfig(
-        output_dir=output_dir, seed=seed, learning_rate=sizes.learning_rate, lr_scheduler_type="constant",
-        max_steps=sizes.steps, per_device_train_batch_size=sizes.prompts_per_step * sizes.num_generations,
-        num_generations=sizes.num_generations, max_completion_length=OSFT_BUDGET if arm == "onpolicy_sft" else L_MAX,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, logging_steps=sizes.logging_steps, use_cpu=True, bf16=False,
-        gradient_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, **extra)
+        output_dir=output_dir,
+        seed=seed,
+        learning_rate=sizes.learning_rate,
+        lr_scheduler_type="constant",
+        max_steps=sizes.steps,
+        per_device_train_batch_size=sizes.prompts_per_step * sizes.num_generations,
+        num_generations=sizes.num_generations,
+        max_completion_length=OSFT_BUDGET if arm == "onpolicy_sft" else L_MAX,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        logging_steps=sizes.logging_steps,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
 
 
 def train_log(log_history: list[dict]) -> list[dict]:
-    keys = ("reward", "completions/mean_length", "completions/clipped_ratio", "entropy",
-            "stable/grpo/drpo/frac_valid_groups", "stable/grpo/onpolicy_sft/kept_frac")
+    keys = (
+        "reward",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "entropy",
+        "stable/grpo/drpo/frac_valid_groups",
+        "stable/grpo/onpolicy_sft/kept_frac",
+    )
     return [{"step": h["step"], **{k: h[k] for k in keys if k in h}} for h in log_history if "reward" in h]
 
 
@@ -324,21 +388,33 @@ def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> 
     callback = make_eval_callback(tokenizer, split, sizes, seed)
     reward = length_penalised_reward if arm == "grpo_lp" else correctness_reward
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = StableGRPOTrainer(model=model, reward_funcs=[reward], args=arm_config(arm, seed, sizes, tmp),
-                                    train_dataset=Dataset.from_list(rl_rows(split["pool"])),
-                                    processing_class=tokenizer, callbacks=[callback])
+        trainer = StableGRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=arm_config(arm, seed, sizes, tmp),
+            train_dataset=Dataset.from_list(rl_rows(split["pool"])),
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
     first, last = callback.points[0], callback.points[-1]
-    result = {"start": {"test": first["test"], "train": first["train"]},
-              "end": {"test": last["test"], "train": last["train"]},
-              "greedy_accuracy": greedy_accuracy(model, tokenizer, split["test"]),
-              "curve": callback.points, "train_log": train_log(trainer.state.log_history),
-              "steps": trainer.state.global_step, "seconds": time.time() - start}
+    result = {
+        "start": {"test": first["test"], "train": first["train"]},
+        "end": {"test": last["test"], "train": last["train"]},
+        "greedy_accuracy": greedy_accuracy(model, tokenizer, split["test"]),
+        "curve": callback.points,
+        "train_log": train_log(trainer.state.log_history),
+        "steps": trainer.state.global_step,
+        "seconds": time.time() - start,
+    }
     end = last["test"]
-    print(f"[seed {seed}] {arm:13s} acc {first['test']['accuracy']:.3f} -> {end['accuracy']:.3f}  correct length "
-          f"{first['test']['correct_length']:.2f} -> {end['correct_length']:.2f}  train acc "
-          f"{last['train']['accuracy']:.3f}  ({result['seconds']:.0f}s)", flush=True)
+    print(
+        f"[seed {seed}] {arm:13s} acc {first['test']['accuracy']:.3f} -> {end['accuracy']:.3f}  correct length "
+        f"{first['test']['correct_length']:.2f} -> {end['correct_length']:.2f}  train acc "
+        f"{last['train']['accuracy']:.3f}  ({result['seconds']:.0f}s)",
+        flush=True,
+    )
     return result
 
 
@@ -350,17 +426,15 @@ def run_seed(seed: int, sizes: Sizes, arms: list[str]) -> dict:
     split = split_problems(sizes)
     warm_path, cached = warm_start(seed, sizes, split)
     greedy = greedy_accuracy(AutoModelForCausalLM.from_pretrained(warm_path), build_tiny_tokenizer(), split["test"])
-    return {"warm_cached": cached, "warm_greedy_accuracy": greedy,
-            "arms": {arm: run_arm(arm, seed, sizes, warm_path, split) for arm in arms}}
+    return {
+        "warm_cached": cached,
+        "warm_greedy_accuracy": greedy,
+        "arms": {arm: run_arm(arm, seed, sizes, warm_path, split) for arm in arms},
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # aggregation, criteria, outputs
-
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
 
 
 def metric(run: dict, when: str, split: str, key: str) -> float:
@@ -370,14 +444,22 @@ def metric(run: dict, when: str, split: str, key: str) -> float:
 def aggregate(per_seed: dict, arms: list[str]) -> dict:
     seeds = list(per_seed)
     first = per_seed[seeds[0]]["arms"][arms[0]]
-    out = {"start": {f"{split}_{key}": mean_std([metric(per_seed[s]["arms"][arms[0]], "start", split, key)
-                                                 for s in seeds])
-                     for split in first["start"] for key in first["start"][split]}, "arms": {}}
+    out = {
+        "start": {
+            f"{split}_{key}": mean_std([metric(per_seed[s]["arms"][arms[0]], "start", split, key) for s in seeds])
+            for split in first["start"]
+            for key in first["start"][split]
+        },
+        "arms": {},
+    }
     out["start"]["greedy_accuracy"] = mean_std([per_seed[s]["warm_greedy_accuracy"] for s in seeds])
     for arm in arms:
         runs = [per_seed[s]["arms"][arm] for s in seeds]
-        summary = {f"{split}_{key}": mean_std([metric(r, "end", split, key) for r in runs])
-                   for split in first["end"] for key in first["end"][split]}
+        summary = {
+            f"{split}_{key}": mean_std([metric(r, "end", split, key) for r in runs])
+            for split in first["end"]
+            for key in first["end"][split]
+        }
         summary["greedy_accuracy"] = mean_std([r["greedy_accuracy"] for r in runs])
         summary["curve"] = mean_curve([r["curve"] for r in runs])
         out["arms"][arm] = summary
@@ -407,8 +489,10 @@ def criteria(per_seed: dict, agg: dict, arms: list[str]) -> dict:
     def rule_b(runs) -> bool:
         r = runs["onpolicy_sft"]
         s, e = r["start"]["train"], r["end"]["train"]
-        return (e["correct_length"] - OSFT_BUDGET <= GAP_FRACTION * (s["correct_length"] - OSFT_BUDGET)
-                and e["accuracy"] >= s["accuracy"] - HOLD_TOLERANCE)
+        return (
+            e["correct_length"] - OSFT_BUDGET <= GAP_FRACTION * (s["correct_length"] - OSFT_BUDGET)
+            and e["accuracy"] >= s["accuracy"] - HOLD_TOLERANCE
+        )
 
     def rule_c(runs) -> bool:
         r = runs["delta_l"]
@@ -416,27 +500,36 @@ def criteria(per_seed: dict, agg: dict, arms: list[str]) -> dict:
 
     a, start = agg["arms"], agg["start"]
     if {"drpo", "grpo_lp"} <= set(arms):
-        acc, length = (a["drpo"]["test_accuracy"]["mean"], a["grpo_lp"]["test_accuracy"]["mean"]), (
-            a["drpo"]["test_correct_length"]["mean"], a["grpo_lp"]["test_correct_length"]["mean"])
-        checks["a"] = {"criterion": f"DRPO acc ≥ GRPO-LP acc − {ACC_TOLERANCE} and DRPO correct length ≤ GRPO-LP's",
-                       "values": {"drpo_acc": acc[0], "grpo_lp_acc": acc[1], "drpo_len": length[0],
-                                  "grpo_lp_len": length[1]},
-                       "passed": acc[0] >= acc[1] - ACC_TOLERANCE and length[0] <= length[1],
-                       "per_seed": count(rule_a)}
+        acc, length = (
+            (a["drpo"]["test_accuracy"]["mean"], a["grpo_lp"]["test_accuracy"]["mean"]),
+            (a["drpo"]["test_correct_length"]["mean"], a["grpo_lp"]["test_correct_length"]["mean"]),
+        )
+        checks["a"] = {
+            "criterion": f"DRPO acc ≥ GRPO-LP acc − {ACC_TOLERANCE} and DRPO correct length ≤ GRPO-LP's",
+            "values": {"drpo_acc": acc[0], "grpo_lp_acc": acc[1], "drpo_len": length[0], "grpo_lp_len": length[1]},
+            "passed": acc[0] >= acc[1] - ACC_TOLERANCE and length[0] <= length[1],
+            "per_seed": count(rule_a),
+        }
     if "onpolicy_sft" in arms:
         s_len, e_len = start["train_correct_length"]["mean"], a["onpolicy_sft"]["train_correct_length"]["mean"]
         s_acc, e_acc = start["train_accuracy"]["mean"], a["onpolicy_sft"]["train_accuracy"]["mean"]
-        checks["b"] = {"criterion": f"on-policy SFT (training prompts): end length − {OSFT_BUDGET} ≤ {GAP_FRACTION}"
-                                    f"·(start length − {OSFT_BUDGET}) and acc ≥ start − {HOLD_TOLERANCE}",
-                       "values": {"start_len": s_len, "end_len": e_len, "start_acc": s_acc, "end_acc": e_acc},
-                       "passed": (e_len - OSFT_BUDGET <= GAP_FRACTION * (s_len - OSFT_BUDGET)
-                                  and e_acc >= s_acc - HOLD_TOLERANCE),
-                       "per_seed": count(rule_b)}
+        checks["b"] = {
+            "criterion": f"on-policy SFT (training prompts): end length − {OSFT_BUDGET} ≤ {GAP_FRACTION}"
+            f"·(start length − {OSFT_BUDGET}) and acc ≥ start − {HOLD_TOLERANCE}",
+            "values": {"start_len": s_len, "end_len": e_len, "start_acc": s_acc, "end_acc": e_acc},
+            "passed": (
+                e_len - OSFT_BUDGET <= GAP_FRACTION * (s_len - OSFT_BUDGET) and e_acc >= s_acc - HOLD_TOLERANCE
+            ),
+            "per_seed": count(rule_b),
+        }
     if "delta_l" in arms:
         s_acc, e_acc = start["test_accuracy"]["mean"], a["delta_l"]["test_accuracy"]["mean"]
-        checks["c"] = {"criterion": f"ΔL (stability): held-out acc ≥ start − {HOLD_TOLERANCE}",
-                       "values": {"start_acc": s_acc, "end_acc": e_acc},
-                       "passed": e_acc >= s_acc - HOLD_TOLERANCE, "per_seed": count(rule_c)}
+        checks["c"] = {
+            "criterion": f"ΔL (stability): held-out acc ≥ start − {HOLD_TOLERANCE}",
+            "values": {"start_acc": s_acc, "end_acc": e_acc},
+            "passed": e_acc >= s_acc - HOLD_TOLERANCE,
+            "per_seed": count(rule_c),
+        }
     return checks
 
 
@@ -449,22 +542,52 @@ def plot(per_seed: dict, agg: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     start = agg["start"]
     ax = axes[0]
-    ax.scatter([start["test_correct_length"]["mean"]], [start["test_accuracy"]["mean"]], marker="*", s=220,
-               color="black", label="warm start (small: seeds)", zorder=5)
-    ax.scatter(start["test_correct_length"]["values"], start["test_accuracy"]["values"], marker="*", s=60,
-               color="black", alpha=0.6)
+    ax.scatter(
+        [start["test_correct_length"]["mean"]],
+        [start["test_accuracy"]["mean"]],
+        marker="*",
+        s=220,
+        color="black",
+        label="warm start (small: seeds)",
+        zorder=5,
+    )
+    ax.scatter(
+        start["test_correct_length"]["values"],
+        start["test_accuracy"]["values"],
+        marker="*",
+        s=60,
+        color="black",
+        alpha=0.6,
+    )
     for arm, summary in agg["arms"].items():
         curve = summary["curve"]
         ax.plot(curve["test_correct_length"], curve["test_accuracy"], color=COLORS[arm], alpha=0.5)
-        ax.scatter([summary["test_correct_length"]["mean"]], [summary["test_accuracy"]["mean"]], s=110,
-                   color=COLORS[arm], label=LABELS[arm], zorder=4, edgecolor="black")
-        ax.scatter(summary["test_correct_length"]["values"], summary["test_accuracy"]["values"], s=22,
-                   color=COLORS[arm], alpha=0.6)
-    ax.set(title="held-out accuracy vs correct length\n(line: seed-mean trajectory; small: seeds)",
-           xlabel="mean length of correct completions (tokens incl. eos)", ylabel="sampled accuracy (T = 1)")
+        ax.scatter(
+            [summary["test_correct_length"]["mean"]],
+            [summary["test_accuracy"]["mean"]],
+            s=110,
+            color=COLORS[arm],
+            label=LABELS[arm],
+            zorder=4,
+            edgecolor="black",
+        )
+        ax.scatter(
+            summary["test_correct_length"]["values"],
+            summary["test_accuracy"]["values"],
+            s=22,
+            color=COLORS[arm],
+            alpha=0.6,
+        )
+    ax.set(
+        title="held-out accuracy vs correct length\n(line: seed-mean trajectory; small: seeds)",
+        xlabel="mean length of correct completions (tokens incl. eos)",
+        ylabel="sampled accuracy (T = 1)",
+    )
     ax.legend(fontsize=8)
-    for ax, key, title in ((axes[1], "accuracy", "sampled accuracy"),
-                           (axes[2], "correct_length", "mean correct length")):
+    for ax, key, title in (
+        (axes[1], "accuracy", "sampled accuracy"),
+        (axes[2], "correct_length", "mean correct length"),
+    ):
         for arm, summary in agg["arms"].items():
             curve = summary["curve"]
             ax.plot(curve["step"], curve[f"test_{key}"], color=COLORS[arm], label=f"{LABELS[arm]} (held-out)")
@@ -481,45 +604,52 @@ def plot(per_seed: dict, agg: dict, path: Path) -> None:
 def interpretation(agg: dict, checks: dict) -> str:
     """Sentences generated from the measured numbers (a rerun cannot leave a stale interpretation)."""
     a, start = agg["arms"], agg["start"]
-    parts = [f"From the warm start (held-out sampled accuracy {start['test_accuracy']['mean']:.3f}, correct answers "
-             f"{start['test_correct_length']['mean']:.2f} tokens long) the arms end at "
-             + "; ".join(f"{LABELS[arm]} {s['test_accuracy']['mean']:.3f} / {s['test_correct_length']['mean']:.2f}"
-                         for arm, s in a.items()) + " (accuracy / correct length)."]
+    parts = [
+        f"From the warm start (held-out sampled accuracy {start['test_accuracy']['mean']:.3f}, correct answers "
+        f"{start['test_correct_length']['mean']:.2f} tokens long) the arms end at "
+        + "; ".join(
+            f"{LABELS[arm]} {s['test_accuracy']['mean']:.3f} / {s['test_correct_length']['mean']:.2f}"
+            for arm, s in a.items()
+        )
+        + " (accuracy / correct length)."
+    ]
     if "a" in checks:
         v = checks["a"]["values"]
         verdict = "PASS" if checks["a"]["passed"] else "FAIL"
-        parts.append(f"DRPO vs length-penalised GRPO: accuracy {v['drpo_acc'] - v['grpo_lp_acc']:+.3f}, correct "
-                     f"length {v['drpo_len'] - v['grpo_lp_len']:+.2f} tokens ({verdict}, {checks['a']['per_seed']}).")
+        parts.append(
+            f"DRPO vs length-penalised GRPO: accuracy {v['drpo_acc'] - v['grpo_lp_acc']:+.3f}, correct "
+            f"length {v['drpo_len'] - v['grpo_lp_len']:+.2f} tokens ({verdict}, {checks['a']['per_seed']})."
+        )
     if "b" in checks:
         v = checks["b"]["values"]
-        parts.append(f"On-policy SFT moved the training-prompt correct length from {v['start_len']:.2f} to "
-                     f"{v['end_len']:.2f} (budget {OSFT_BUDGET}) with accuracy {v['start_acc']:.3f} → "
-                     f"{v['end_acc']:.3f} ({'PASS' if checks['b']['passed'] else 'FAIL'}, {checks['b']['per_seed']}).")
+        parts.append(
+            f"On-policy SFT moved the training-prompt correct length from {v['start_len']:.2f} to "
+            f"{v['end_len']:.2f} (budget {OSFT_BUDGET}) with accuracy {v['start_acc']:.3f} → "
+            f"{v['end_acc']:.3f} ({'PASS' if checks['b']['passed'] else 'FAIL'}, {checks['b']['per_seed']})."
+        )
     if "delta_l" in a:
         d = a["delta_l"]
-        parts.append(f"GRPO + ΔL on the correctness reward alone has no length preference and kept the correct length "
-                     f"near its start ({d['test_correct_length']['mean']:.2f} vs "
-                     f"{start['test_correct_length']['mean']:.2f}) with accuracy "
-                     f"{d['test_accuracy']['mean']:.3f} vs {start['test_accuracy']['mean']:.3f} at the start.")
+        parts.append(
+            f"GRPO + ΔL on the correctness reward alone has no length preference and kept the correct length "
+            f"near its start ({d['test_correct_length']['mean']:.2f} vs "
+            f"{start['test_correct_length']['mean']:.2f}) with accuracy "
+            f"{d['test_accuracy']['mean']:.3f} vs {start['test_accuracy']['mean']:.3f} at the start."
+        )
     seeds = ", ".join(f"{x:.3f}" for x in start["test_accuracy"]["values"])
     moved = max(abs(x["test_accuracy"]["mean"] - start["test_accuracy"]["mean"]) for x in a.values())
-    parts.append(f"Caveat: the warm-start accuracy differs between seeds ({seeds}; the tiny model's SFT learning "
-                 f"transition falls near the fixed warm-start budget) and no arm moved the mean held-out accuracy by "
-                 f"more than {moved:.3f}, so the accuracy halves of the criteria test preservation, not gains.")
+    parts.append(
+        f"Caveat: the warm-start accuracy differs between seeds ({seeds}; the tiny model's SFT learning "
+        f"transition falls near the fixed warm-start budget) and no arm moved the mean held-out accuracy by "
+        f"more than {moved:.3f}, so the accuracy halves of the criteria test preservation, not gains."
+    )
     return " ".join(parts)
 
 
-def markdown(result: dict, command: str) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
-
-    def fmt(ms, digits=3):
-        return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
-
+def markdown(result: dict) -> str:
+    agg, checks, cfg = result["aggregate"], result["criteria"], result["config"]
     sizes = cfg["sizes"]
     lines = [
-        "# E-G1: DRPO, on-policy SFT and ΔL vs length-penalised GRPO",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std over seeds. {sizes['steps']} RL steps × {sizes['prompts_per_step']} "
+        f"Mean ± std over seeds. {sizes['steps']} RL steps × {sizes['prompts_per_step']} "
         f"prompts × G = {sizes['num_generations']}, LR {sizes['learning_rate']:g} (constant, chosen on the baseline "
         f"in a pilot), temperature 1, L_max = {L_MAX}; on-policy SFT budget {OSFT_BUDGET} tokens. Accuracy: sampled "
         f"(T = 1, {sizes['eval_samples']} per prompt) on {sizes['num_test']} held-out prompts (training prompts: "
@@ -531,92 +661,61 @@ def markdown(result: dict, command: str) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     s = agg["start"]
-    lines.append(f"| warm start | {fmt(s['test_accuracy'])} | {fmt(s['test_correct_length'], 2)} | "
-                 f"{fmt(s['test_length'], 2)} | {fmt(s['test_truncated'])} | {fmt(s['train_accuracy'])} | "
-                 f"{fmt(s['train_correct_length'], 2)} | {fmt(s['greedy_accuracy'])} |")
+    lines.append(
+        f"| warm start | {fmt(s['test_accuracy'])} | {fmt(s['test_correct_length'], 2)} | "
+        f"{fmt(s['test_length'], 2)} | {fmt(s['test_truncated'])} | {fmt(s['train_accuracy'])} | "
+        f"{fmt(s['train_correct_length'], 2)} | {fmt(s['greedy_accuracy'])} |"
+    )
     for arm, a in agg["arms"].items():
-        lines.append(f"| {LABELS[arm]} | {fmt(a['test_accuracy'])} | {fmt(a['test_correct_length'], 2)} | "
-                     f"{fmt(a['test_length'], 2)} | {fmt(a['test_truncated'])} | {fmt(a['train_accuracy'])} | "
-                     f"{fmt(a['train_correct_length'], 2)} | {fmt(a['greedy_accuracy'])} |")
-    lines += ["", "| criterion | result | seeds where it holds |", "|---|---|---|"]
-    for name, check in checks.items():
-        lines.append(f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | "
-                     f"{check['per_seed']} |")
+        lines.append(
+            f"| {LABELS[arm]} | {fmt(a['test_accuracy'])} | {fmt(a['test_correct_length'], 2)} | "
+            f"{fmt(a['test_length'], 2)} | {fmt(a['test_truncated'])} | {fmt(a['train_accuracy'])} | "
+            f"{fmt(a['train_correct_length'], 2)} | {fmt(a['greedy_accuracy'])} |"
+        )
     pilot = cfg["pilot"]
-    lines += ["", "## Interpretation", "", interpretation(agg, checks), "",
-              f"Pilot (baseline only, seed {pilot['seed']}, {pilot['steps']} steps, not reported above), final "
-              "held-out accuracy / correct length by LR: "
-              + ", ".join(f"{lr}: {v['accuracy']:.3f} / {v['correct_length']:.2f}"
-                          for lr, v in pilot["results"].items())
-              + f"; chosen LR {pilot['chosen']:g} ({pilot['note']}).", "", "## Rerun", "", f"    {command}", "",
-              f"Wall time of this run: {result['wall_seconds']:.0f} s (warm starts cached: {result['warm_cached']}).",
-              ""]
+    lines += [
+        "",
+        "## Interpretation",
+        "",
+        interpretation(agg, checks),
+        "",
+        f"Pilot (baseline only, seed {pilot['seed']}, {pilot['steps']} steps, not reported above), final "
+        "held-out accuracy / correct length by LR: "
+        + ", ".join(f"{lr}: {v['accuracy']:.3f} / {v['correct_length']:.2f}" for lr, v in pilot["results"].items())
+        + f"; chosen LR {pilot['chosen']:g} ({pilot['note']}).",
+    ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="subset of arms (pilot)")
-    parser.add_argument("--learning_rate", type=float, default=None, help="override the LR (pilot only)")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> dict:
-    cli = parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    sizes = QUICK if cli.quick else Sizes()
-    if cli.learning_rate is not None:
-        sizes = replace(sizes, learning_rate=cli.learning_rate)
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    per_seed = {str(seed): run_seed(seed, sizes, cli.arms) for seed in seeds}
-    agg = aggregate(per_seed, cli.arms)
-    checks = criteria(per_seed, agg, cli.arms)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_length.py" + (" --quick" if cli.quick else "")
-    if seeds != [0, 1, 2] and not cli.quick:
-        command += " --seeds " + " ".join(map(str, seeds))
-    if cli.arms != list(ARMS):
-        command += " --arms " + " ".join(cli.arms)
-    if cli.learning_rate is not None:
-        command += f" --learning_rate {cli.learning_rate:g}"
-    result = {
-        "experiment": "E-G1 GRPO length control (DRPO, on-policy SFT, ΔL vs length-penalised GRPO)",
-        "config": {"seeds": seeds, "arms": cli.arms, "quick": cli.quick, "sizes": asdict(sizes),
-                   "max_operand": MAX_OPERAND, "filler": FILLER, "max_filler": MAX_FILLER, "l_max": L_MAX,
-                   "osft_budget": OSFT_BUDGET, "length_penalty": LENGTH_PENALTY, "split_seed": SPLIT_SEED,
-                   "drpo": {"lambda": 0.1, "tau": 10.0, "delta": 1e-4, "beta": 1e3, "neg_weighting": "softmax_old"},
-                   "delta_l": {"alpha": 1.0, "loss_type": "dr_grpo", "scope": "batch"},
-                   "grpo_lp_loss_type": "dapo (TRL default)", "pilot": PILOT,
-                   "torch_threads": torch.get_num_threads()},
-        "per_seed": per_seed, "aggregated": agg, "criteria": checks, "wall_seconds": time.time() - start,
-        "warm_cached": all(r["warm_cached"] for r in per_seed.values()), "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(per_seed, agg, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result, command))
-    for name, check in checks.items():
-        print(f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  "
-              f"values={ {k: round(v, 4) for k, v in check['values'].items()} }  holds in {check['per_seed']}")
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
-    return result
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-G1: DRPO, on-policy SFT and ΔL vs length-penalised GRPO",
+    claim="DRPO and on-policy SFT shorten correct answers without losing accuracy; ΔL keeps training stable "
+    "(arXiv 2510.04474, 2602.13407, 2509.07558).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, list(ARMS)),
+    aggregate=lambda per_seed, sizes: aggregate(per_seed, list(ARMS)),
+    criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg, list(ARMS)),
+    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], path),
+    markdown=markdown,
+    config={
+        "arms": list(ARMS),
+        "max_operand": MAX_OPERAND,
+        "filler": FILLER,
+        "max_filler": MAX_FILLER,
+        "l_max": L_MAX,
+        "osft_budget": OSFT_BUDGET,
+        "length_penalty": LENGTH_PENALTY,
+        "split_seed": SPLIT_SEED,
+        "drpo": {"lambda": 0.1, "tau": 10.0, "delta": 1e-4, "beta": 1e3, "neg_weighting": "softmax_old"},
+        "delta_l": {"alpha": 1.0, "loss_type": "dr_grpo", "scope": "batch"},
+        "grpo_lp_loss_type": "dapo (TRL default)",
+        "pilot": PILOT,
+    },
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

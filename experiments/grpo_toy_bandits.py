@@ -1,18 +1,37 @@
-"""GRPO toy bandits: the qualitative headline of each GRPO-family variant, on tabular softmax bandits (spec
-`grpo_variants.md` §2-§11, §14.2), using hf_stable's own pure functions (`hf_stable.losses.*`; nothing re-implemented).
+"""GRPO toy bandits: the qualitative headline of each GRPO-family variant, on tabular softmax bandits, using
+hf_stable's own pure functions (`hf_stable.losses.*`; nothing re-implemented).
 
-Claims (one panel each; "the spec expects" is the spec's qualitative reading of the paper):
-  1. S-GRPO (§2): with 20% symmetric reward flips GRPO stalls while S-GRPO (noise_p = 0.2) keeps improving.
-  2. MaxRL (§9): similar pass@1, better pass@16 than GRPO, fewer prompts left near p = 0.
-  3. DVAO (§6): on two conflicting objectives DVAO reaches both better than reward combination (RC).
-  4. CTWA (§8): under static linear weights an objective that conflicts with the other two degrades; CTWA raises
-     its weight and its mean recovers.
-  5. Gradient-based reward weights (§7b): on a non-convex 2-objective front, fixed weights go to a corner while the
-     mirror-ascent weights move toward the under-served objective.
-  6. ΔL normalisation (§3): with per-token gradient noise, α = 1 is the minimum-variance unbiased aggregation.
-  7. OBLR-PO baseline (§10): the length-weighted (gradient-norm proxy) baseline lowers the gradient variance.
-  8. DRPO (§4): length-penalised GRPO gives some correct answers negative advantages, DRPO never does, and DRPO
-     keeps accuracy while shortening correct answers.
+Claims (one panel each, the papers' qualitative readings):
+  1. S-GRPO (arXiv 2508.05928): under reward flips, S-GRPO's noise-aware shrinkage learns faster than GRPO. Tested
+     at matched step sizes (each arm at its own best learning rate) under three noise models: (1a) the paper's own,
+     i.i.d. symmetric flips with p = 0.2; (1b) the same at p = 0.125; (1c) within-group correlated flips, exactly one
+     uniformly chosen sample of every group flipped (marginal rate 1/G = 0.125), the case the paper's premise is
+     about: a group whose whole success pattern one flip explains (k = 1 or G − 1) carries no signal.
+  2. MaxRL (arXiv 2602.02710): similar pass@1, better pass@16 than GRPO, fewer prompts left near p = 0.
+  3. DVAO (arXiv 2605.25604): on two objectives DVAO reaches both better than reward combination (RC); (3b) with a
+     real conflict (no answer satisfies both), DVAO ends with a better balanced trade-off.
+  4. CTWA (arXiv 2602.06869): under static linear weights an objective that conflicts with the other two degrades;
+     CTWA raises its weight and its mean recovers.
+  5. Gradient-based reward weights (arXiv 2509.11452): on a non-convex 2-objective front, fixed weights go to a
+     corner while the mirror-ascent weights move toward the under-served objective.
+  6. ΔL normalisation (arXiv 2509.07558): with per-token gradient noise, α = 1 is the minimum-variance unbiased
+     aggregation.
+  7. OBLR-PO baseline: the length-weighted (gradient-norm proxy) baseline lowers the gradient variance.
+  8. DRPO (arXiv 2510.04474): length-penalised GRPO gives some correct answers negative advantages, DRPO never does,
+     and DRPO keeps accuracy while shortening correct answers.
+
+Redesign (pre-registered here before the redesigned panels were run; the other panels are unchanged). A review
+found panel 1 confounded by the step size (plain SGD at one lr = 0.5 while S-GRPO's w* ≤ 1 − 2p shrinks its step;
+at a matched step the published 0.929 vs 0.984 gap shrank to 0.968 vs 0.973) and its premise absent (GRPO did not
+stall under i.i.d. flips), and panel 3 unable to show a difference (one answer per prompt satisfies both
+objectives, so both methods reach the ceiling). So:
+* Panel 1 sweeps the learning rate per arm, lr ∈ {0.25, 0.5, 1, 2}; each (noise model, method) uses the lr with
+  the highest seed-mean training-average clean success ("area under the curve"); the criterion compares the final
+  clean success at those lrs. A noise-free GRPO control (same lr sweep) shows how much the noise costs.
+  S-GRPO's `noise_p` is the true marginal flip rate of the model (0.2 or 0.125).
+* Panel 3b: per prompt 6 correct-only, 6 compliant-only and 4 neither answers (no answer satisfies both).
+Pre-registered criteria of the redesigned panels: (1a), (1b), (1c) each: S-GRPO's final clean success at its best lr
+> GRPO's at its best lr (seed means); (3b) DVAO's final correct × compliant (the area its point dominates) > RC's.
 
 Design (fixed before any comparison was run; nothing was changed after seeing results).
 * Policy: θ[p, m] logits of a categorical over M candidate answers for each of P prompts. A step samples G answers
@@ -22,8 +41,9 @@ Design (fixed before any comparison was run; nothing was changed after seeing re
   Shared: G = 8, lr = 0.5, 200 steps, θ₀ ~ N(0, 0.5²) unless stated. Metrics are exact expectations under π.
   Both arms of a comparison share the environment and the sampling seed (common random numbers).
 * Panel 1: P = 64, M = 16, θ₀ = 0, 1/2/4/8 correct answers per prompt (cycled; initial success 0.234). Observed
-  binary reward flipped with p = 0.2 each sample; GRPO = `grpo_advantages` (group z-score), S-GRPO =
-  `sgrpo_advantages(noise_p=0.2)`. Metric: clean success probability.
+  binary reward flipped by the noise model; GRPO = `grpo_advantages` (group z-score), S-GRPO =
+  `sgrpo_advantages(noise_p=p)`. Metric: clean success probability. Every arm and lr of a seed shares the
+  sampling and flip random streams.
 * Panel 2: P = 128, M = 64, G = 16, θ₀ ~ N(0, 1), 1/1/2/4/8/16 correct answers (cycled): single-correct prompts
   start at p ≈ 0.002-0.1. GRPO vs `maxrl_advantages` (T = G). pass@k = mean_p 1 − (1 − p)^k exactly; "hard" =
   prompts with p < 0.05.
@@ -62,9 +82,10 @@ Design (fixed before any comparison was run; nothing was changed after seeing re
   seeds where each holds on its own is reported too.
 
 Pre-registered pass criteria (printed PASS/FAIL as measured):
-  1. S-GRPO's final clean success > GRPO's.
+  1. (1a, 1b, 1c) S-GRPO's final clean success > GRPO's, each arm at its best lr.
   2. MaxRL pass@16 ≥ GRPO's, MaxRL pass@1 ≥ GRPO's − 0.05, and fewer prompts with p < 0.05 (strictly).
-  3. DVAO's final correctness and compliance means both ≥ RC's − 0.02 and at least one strictly higher.
+  3. DVAO's final correctness and compliance means both ≥ RC's − 0.02 and at least one strictly higher; (3b) DVAO's
+     final correct × compliant > RC's.
   4. Static: objective 3's final mean < its initial mean; CTWA: λ₃'s share Σ-normalised ends above 1/3 and
      objective 3's final mean > static's.
   5. With k* the objective with the lower final mean under fixed weights: the dynamic weight on k* ends above 0.5
@@ -81,22 +102,21 @@ margin over 1/3 is below 1e-3, and the direction of the dynamic weight in panel 
 Command (about 20 s on one core):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_toy_bandits.py
 Quick smoke run (< 30 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_toy_bandits.py --quick --output_dir /tmp/grpo_toy_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_toy_bandits.py --quick --out /tmp/grpo_toy_quick
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
+from _harness import Experiment, criterion, mean_std, run
 
 from hf_stable.losses.advantages import (
     dvao_advantages,
@@ -126,7 +146,7 @@ class Config:
     sgrpo_prompts: int = 64
     sgrpo_answers: int = 16
     sgrpo_correct_counts: tuple[int, ...] = (1, 2, 4, 8)
-    flip_p: float = 0.2
+    sgrpo_lrs: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
     # 2 MaxRL
     maxrl_prompts: int = 128
     maxrl_answers: int = 64
@@ -137,6 +157,7 @@ class Config:
     # 3 DVAO: answers per type (both, correct only, compliant only, neither)
     dvao_prompts: int = 64
     dvao_type_counts: tuple[int, ...] = (1, 5, 5, 5)
+    dvao_conflict_type_counts: tuple[int, ...] = (0, 6, 6, 4)  # 3b: no answer satisfies both
     # 4 CTWA: answers per type (1,1,0), (1,0,1), (0,1,1), (0,0,1), (0,0,0)
     ctwa_prompts: int = 64
     ctwa_type_counts: tuple[int, ...] = (5, 1, 1, 4, 1)
@@ -170,8 +191,17 @@ class Config:
     drpo_tau: float = 10.0
 
 
-QUICK = dict(steps=30, sgrpo_prompts=16, maxrl_prompts=24, dvao_prompts=16, ctwa_prompts=16, drw_prompts=8,
-             dl_batches=200, oblr_batches=200, drpo_prompts=16)
+QUICK = dict(
+    steps=30,
+    sgrpo_prompts=16,
+    maxrl_prompts=24,
+    dvao_prompts=16,
+    ctwa_prompts=16,
+    drw_prompts=8,
+    dl_batches=200,
+    oblr_batches=200,
+    drpo_prompts=16,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -223,9 +253,14 @@ def expected(theta: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.einsum("pm,pm...->p...", torch.softmax(theta, dim=-1), table)
 
 
-def train(theta: torch.Tensor, cfg: Config, group: int, gen: torch.Generator,
-          advantage_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-          probe: Callable[[torch.Tensor], dict]) -> list[dict]:
+def train(
+    theta: torch.Tensor,
+    cfg: Config,
+    group: int,
+    gen: torch.Generator,
+    advantage_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    probe: Callable[[torch.Tensor], dict],
+) -> list[dict]:
     """`cfg.steps` REINFORCE steps in place on ``theta``; ``probe(theta)`` is recorded every `record_every` steps."""
     curve = []
     for step in range(cfg.steps + 1):
@@ -251,41 +286,86 @@ def curve_mean(curve: list[dict], key: str) -> float:
 # 1 S-GRPO vs GRPO under reward flips
 
 
-def sgrpo_arm(cfg: Config, seed: int, correct: torch.Tensor, method: str) -> dict:
+NOISE_MODELS = {  # key -> (kind, marginal flip rate p)
+    "iid_0.2": ("iid", 0.2),
+    "iid_0.125": ("iid", 0.125),
+    "one_per_group": ("one_per_group", 0.125),
+}
+
+
+def observe(clean: torch.Tensor, kind: str, p: float, group: int, gen: torch.Generator) -> torch.Tensor:
+    """Observed 0/1 rewards `(P·G,)` of the clean ones under a noise model.
+
+    `iid`: each reward flipped independently with probability p (the S-GRPO paper's model). `one_per_group`: exactly
+    one uniformly chosen sample of every group flipped, so the flips of a group are perfectly correlated (marginal
+    rate 1/G). `none`: no noise.
+    """
+    if kind == "none":
+        return clean
+    if kind == "iid":
+        flipped = torch.rand(clean.shape, generator=gen) < p
+    else:
+        groups = clean.numel() // group
+        flipped = torch.zeros(groups, group, dtype=torch.bool)
+        flipped[torch.arange(groups), torch.randint(group, (groups,), generator=gen)] = True
+        flipped = flipped.flatten()
+    return torch.where(flipped, 1 - clean, clean)
+
+
+def sgrpo_arm(cfg: Config, seed: int, correct: torch.Tensor, method: str, kind: str, p: float) -> dict:
     gen, zero_fracs = make_gen(seed, 1, 1), []
 
     def advantage_fn(answers, theta):
-        clean = lookup(correct, answers).float()
-        flipped = torch.rand(clean.shape, generator=gen) < cfg.flip_p
-        observed = torch.where(flipped, 1 - clean, clean)[:, None]
+        observed = observe(lookup(correct, answers).float(), kind, p, cfg.group, gen)[:, None]
         if method == "grpo":
-            return grpo_advantages(observed, unit_lengths(clean.numel()), cfg.group, ONE)[0]
-        adv, metrics = sgrpo_advantages(observed, unit_lengths(clean.numel()), cfg.group, ONE, noise_p=cfg.flip_p)
+            return grpo_advantages(observed, unit_lengths(observed.shape[0]), cfg.group, ONE)[0]
+        adv, metrics = sgrpo_advantages(observed, unit_lengths(observed.shape[0]), cfg.group, ONE, noise_p=p)
         zero_fracs.append(metrics["zero_weight_frac"])
         return adv
 
-    hardest = torch.tensor([cfg.sgrpo_correct_counts[p % len(cfg.sgrpo_correct_counts)]
-                            for p in range(correct.shape[0])]) == min(cfg.sgrpo_correct_counts)
+    hardest = torch.tensor(
+        [cfg.sgrpo_correct_counts[p % len(cfg.sgrpo_correct_counts)] for p in range(correct.shape[0])]
+    ) == min(cfg.sgrpo_correct_counts)
 
     def probe(theta):
-        p = expected(theta, correct)
-        return {"clean_success": p.mean().item(), "hardest_success": p[hardest].mean().item()}
+        q = expected(theta, correct)
+        return {"clean_success": q.mean().item(), "hardest_success": q[hardest].mean().item()}
 
     curve = train(torch.zeros_like(correct), cfg, cfg.group, gen, advantage_fn, probe)
     extra = {"zero_weight_frac": statistics.fmean(zero_fracs)} if zero_fracs else {}
     return {"curve": curve, **extra}
 
 
-def run_sgrpo(cfg: Config, seed: int) -> dict:
-    correct = correct_table(cfg.sgrpo_prompts, cfg.sgrpo_answers, cfg.sgrpo_correct_counts, make_gen(seed, 1))
-    arms = {m: sgrpo_arm(cfg, seed, correct, m) for m in ("grpo", "sgrpo")}
-    finals = {"initial": arms["grpo"]["curve"][0]["clean_success"],
-              "sgrpo_zero_weight_frac": arms["sgrpo"]["zero_weight_frac"]}
-    for m, arm in arms.items():
-        finals[f"{m}_clean"] = arm["curve"][-1]["clean_success"]
-        finals[f"{m}_hardest"] = arm["curve"][-1]["hardest_success"]
-        finals[f"{m}_clean_auc"] = curve_mean(arm["curve"], "clean_success")
-    return {"finals": finals, "curves": {m: a["curve"] for m, a in arms.items()}}
+def sgrpo_panel(noise: str) -> Callable[[Config, int], dict]:
+    """Panel 1 under one noise model: GRPO and S-GRPO at every lr of the sweep, plus the noise-free GRPO control."""
+    kind, p = NOISE_MODELS[noise]
+
+    def run(cfg: Config, seed: int) -> dict:
+        correct = correct_table(cfg.sgrpo_prompts, cfg.sgrpo_answers, cfg.sgrpo_correct_counts, make_gen(seed, 1))
+        if kind == "one_per_group" and abs(p - 1 / cfg.group) > 1e-12:
+            raise ValueError(f"one flip per group has marginal rate 1/G = {1 / cfg.group}, not {p}")
+        arms = {}
+        for lr in cfg.sgrpo_lrs:
+            lr_cfg = replace(cfg, lr=lr)
+            arms[f"clean_grpo_lr{lr:g}"] = sgrpo_arm(lr_cfg, seed, correct, "grpo", "none", 0.0)
+            for method in ("grpo", "sgrpo"):
+                arms[f"{method}_lr{lr:g}"] = sgrpo_arm(lr_cfg, seed, correct, method, kind, p)
+        finals = {"initial": arms[f"grpo_lr{cfg.sgrpo_lrs[0]:g}"]["curve"][0]["clean_success"]}
+        for name, arm in arms.items():
+            finals[f"{name}_clean"] = arm["curve"][-1]["clean_success"]
+            finals[f"{name}_hardest"] = arm["curve"][-1]["hardest_success"]
+            finals[f"{name}_clean_auc"] = curve_mean(arm["curve"], "clean_success")
+            if "zero_weight_frac" in arm:
+                finals[f"{name}_zero_weight_frac"] = arm["zero_weight_frac"]
+        return {"finals": finals, "curves": {name: a["curve"] for name, a in arms.items()}}
+
+    return run
+
+
+def best_lr(m: dict, arm: str) -> str:
+    """The lr (as its key suffix) with the highest training-average clean success of `arm` in `m`."""
+    lrs = sorted({k.split("_lr")[1].split("_")[0] for k in m if k.startswith(f"{arm}_lr")}, key=float)
+    return max(lrs, key=lambda lr: m[f"{arm}_lr{lr}_clean_auc"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -300,12 +380,16 @@ def run_maxrl(cfg: Config, seed: int) -> dict:
 
     def probe(theta):
         p = expected(theta, correct)
-        return {"pass1": p.mean().item(), f"pass{group}": (1 - (1 - p) ** group).mean().item(),
-                "hard": int((p < cfg.hard_threshold).sum())}
+        return {
+            "pass1": p.mean().item(),
+            f"pass{group}": (1 - (1 - p) ** group).mean().item(),
+            "hard": int((p < cfg.hard_threshold).sum()),
+        }
 
     estimators = {"grpo": grpo_advantages, "maxrl": maxrl_advantages}
     curves, finals = {}, {}
     for name, estimator in estimators.items():
+
         def advantage_fn(answers, theta, estimator=estimator):
             rewards = lookup(correct, answers)[:, None].float()
             return estimator(rewards, unit_lengths(rewards.shape[0]), group, ONE)[0]
@@ -320,10 +404,12 @@ def run_maxrl(cfg: Config, seed: int) -> dict:
 # 3 DVAO vs reward combination
 
 
-def run_dvao(cfg: Config, seed: int) -> dict:
+def run_dvao(cfg: Config, seed: int, conflict: bool = False) -> dict:
     env = make_gen(seed, 3)
     types = [(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (0.0, 0.0)]  # (correct, length-compliant)
-    table = typed_table(cfg.dvao_prompts, types, cfg.dvao_type_counts, env)
+    counts = cfg.dvao_conflict_type_counts if conflict else cfg.dvao_type_counts
+    types, counts = zip(*[(t, c) for t, c in zip(types, counts, strict=True) if c], strict=True)
+    table = typed_table(cfg.dvao_prompts, list(types), counts, env)
     theta0 = random_init(cfg.dvao_prompts, table.shape[1], cfg.init_std, env)
     weights = torch.ones(2)
 
@@ -344,6 +430,7 @@ def run_dvao(cfg: Config, seed: int) -> dict:
 
         curves[name] = train(theta0.clone(), cfg, cfg.group, make_gen(seed, 3, 1), advantage_fn, probe)
         finals.update({f"{name}_{k}": v for k, v in curves[name][-1].items() if k != "step"})
+        finals[f"{name}_product"] = finals[f"{name}_correct"] * finals[f"{name}_compliant"]
         finals[f"{name}_mean_abs_adv"] = statistics.fmean(abs_adv)
         finals.update({f"{name}_{k}_auc": curve_mean(curves[name], k) for k in ("correct", "compliant")})
     finals.update({f"initial_{k}": v for k, v in curves["rc"][0].items() if k != "step"})
@@ -365,8 +452,9 @@ def ctwa_arm(cfg: Config, seed: int, table: torch.Tensor, theta0: torch.Tensor, 
         cov, _ = ctwa_covariance(rewards, adv, cfg.group)  # W_i = A_i: on-policy, ratio 1
         state["cov"] = cov
         if adaptive:
-            state["log_w"], state["ema"], _ = ctwa_update(state["log_w"], state["ema"], cov, targets,
-                                                          cfg.ctwa_lambda_lr, cfg.ctwa_ema_tau)
+            state["log_w"], state["ema"], _ = ctwa_update(
+                state["log_w"], state["ema"], cov, targets, cfg.ctwa_lambda_lr, cfg.ctwa_ema_tau
+            )
         return adv
 
     def probe(theta):
@@ -392,8 +480,9 @@ def run_ctwa(cfg: Config, seed: int) -> dict:
         finals.update({f"{name}_u{j}": curve[-1][f"u{j}"] for j in (1, 2, 3)})
         finals.update({f"{name}_w{j}": curve[-1][f"w{j}"] for j in (1, 2, 3)})
         finals[f"{name}_w3_peak"] = max(point["w3"] for point in curve)
-        finals.update({f"{name}_cov{j}_late": statistics.fmean(c[f"cov{j}"] for c in curve[-tail:])
-                       for j in (1, 2, 3)})
+        finals.update(
+            {f"{name}_cov{j}_late": statistics.fmean(c[f"cov{j}"] for c in curve[-tail:]) for j in (1, 2, 3)}
+        )
     return {"finals": finals, "curves": curves}
 
 
@@ -415,16 +504,24 @@ def run_gradient_weights(cfg: Config, seed: int) -> dict:
             rewards = lookup(table, answers).float()
             lengths = unit_lengths(rewards.shape[0])
             if name == "dynamic":
-                grads = [policy_gradient(theta, answers, grpo_advantages(rewards[:, k:k + 1], lengths, cfg.group,
-                                                                          ONE)[0]).flatten() for k in range(2)]
+                grads = [
+                    policy_gradient(
+                        theta, answers, grpo_advantages(rewards[:, k : k + 1], lengths, cfg.group, ONE)[0]
+                    ).flatten()
+                    for k in range(2)
+                ]
                 scores = influence_scores(torch.stack(grads))
                 state["w"] = gradient_weight_update(state["w"], scores, cfg.lr, cfg.drw_regularization)
             return grpo_advantages(rewards, lengths, cfg.group, state["w"])[0]
 
         def probe(theta, state=state):
             means = expected(theta, table).mean(0)
-            return {"u1": means[0].item(), "u2": means[1].item(), "w1": state["w"][0].item(),
-                    "w2": state["w"][1].item()}
+            return {
+                "u1": means[0].item(),
+                "u2": means[1].item(),
+                "w1": state["w"][0].item(),
+                "w2": state["w"][1].item(),
+            }
 
         curves[name] = train(theta0.clone(), cfg, cfg.group, make_gen(seed, 5, 1), advantage_fn, probe)
         finals.update({f"{name}_{k}": v for k, v in curves[name][-1].items() if k != "step"})
@@ -486,8 +583,9 @@ def run_oblr(cfg: Config, seed: int) -> dict:
     first = torch.multinomial(probs, n, replacement=True, generator=gen)
     correct = first == 0
     (c_lo, c_hi), (w_lo, w_hi) = cfg.oblr_correct_lengths, cfg.oblr_wrong_lengths
-    lengths = torch.where(correct, torch.randint(c_lo, c_hi + 1, (n,), generator=gen),
-                          torch.randint(w_lo, w_hi + 1, (n,), generator=gen))
+    lengths = torch.where(
+        correct, torch.randint(c_lo, c_hi + 1, (n,), generator=gen), torch.randint(w_lo, w_hi + 1, (n,), generator=gen)
+    )
     counts = token_counts(lengths - 1, probs, gen) + torch.nn.functional.one_hot(first, v).double()
     score = counts - lengths[:, None].double() * probs  # ∇_θ log π(o) of the unigram softmax
     true_grad = probs[0] * (torch.nn.functional.one_hot(torch.tensor(0), v).double() - probs)  # ∇ π₀
@@ -497,8 +595,10 @@ def run_oblr(cfg: Config, seed: int) -> dict:
         "mean_loo": (oblr_advantages(rewards, lengths.float(), group, ONE, norm_proxy="uniform")[0], 1.0),
         "oblr": (oblr_advantages(rewards, lengths.float(), group, ONE, norm_proxy="length")[0], 1.0),
     }
-    finals = {"mean_sq_score_correct": score[correct].pow(2).sum(-1).mean().item(),
-              "mean_sq_score_wrong": score[~correct].pow(2).sum(-1).mean().item()}
+    finals = {
+        "mean_sq_score_correct": score[correct].pow(2).sum(-1).mean().item(),
+        "mean_sq_score_wrong": score[~correct].pow(2).sum(-1).mean().item(),
+    }
     for name, (adv, scale) in estimators.items():
         estimates = (adv.double()[:, None] * score).reshape(cfg.oblr_batches, -1, v).mean(1)
         expected_grad = scale * true_grad
@@ -560,18 +660,26 @@ def run_drpo(cfg: Config, seed: int) -> dict:
 
 
 def check_sgrpo(m: dict, seeds: list[dict]) -> bool:
-    return m["sgrpo_clean"] > m["grpo_clean"]
+    return m[f"sgrpo_lr{best_lr(m, 'sgrpo')}_clean"] > m[f"grpo_lr{best_lr(m, 'grpo')}_clean"]
 
 
 def check_maxrl(m: dict, seeds: list[dict]) -> bool:
-    return (m["maxrl_pass16"] >= m["grpo_pass16"] and m["maxrl_pass1"] >= m["grpo_pass1"] - 0.05
-            and m["maxrl_hard"] < m["grpo_hard"])
+    return (
+        m["maxrl_pass16"] >= m["grpo_pass16"]
+        and m["maxrl_pass1"] >= m["grpo_pass1"] - 0.05
+        and m["maxrl_hard"] < m["grpo_hard"]
+    )
 
 
 def check_dvao(m: dict, seeds: list[dict]) -> bool:
     keys = ("correct", "compliant")
-    return (all(m[f"dvao_{k}"] >= m[f"rc_{k}"] - 0.02 for k in keys)
-            and any(m[f"dvao_{k}"] > m[f"rc_{k}"] for k in keys))
+    return all(m[f"dvao_{k}"] >= m[f"rc_{k}"] - 0.02 for k in keys) and any(
+        m[f"dvao_{k}"] > m[f"rc_{k}"] for k in keys
+    )
+
+
+def check_dvao_conflict(m: dict, seeds: list[dict]) -> bool:
+    return m["dvao_product"] > m["rc_product"]
 
 
 def check_ctwa(m: dict, seeds: list[dict]) -> bool:
@@ -612,64 +720,97 @@ def check_drpo(m: dict, seeds: list[dict]) -> bool:
 
 
 def summary_sgrpo(m, seeds):
-    return (f"clean success {m['initial']:.3f} → GRPO {m['grpo_clean']:.3f}, S-GRPO {m['sgrpo_clean']:.3f}; "
-            f"hardest prompts (1 of 16 correct) GRPO {m['grpo_hardest']:.3f}, S-GRPO {m['sgrpo_hardest']:.3f}. "
-            f"Mean over training {m['grpo_clean_auc']:.3f} vs {m['sgrpo_clean_auc']:.3f}; S-GRPO gave weight 0 to "
-            f"{m['sgrpo_zero_weight_frac']:.0%} of mixed observed groups.")
+    g, sg, c = (
+        f"grpo_lr{best_lr(m, 'grpo')}",
+        f"sgrpo_lr{best_lr(m, 'sgrpo')}",
+        f"clean_grpo_lr{best_lr(m, 'clean_grpo')}",
+    )
+    return (
+        f"best lr GRPO {g.split('lr')[1]}, S-GRPO {sg.split('lr')[1]}: clean success {m['initial']:.3f} → GRPO "
+        f"{m[g + '_clean']:.3f}, S-GRPO {m[sg + '_clean']:.3f} (noise-free GRPO {m[c + '_clean']:.3f}); "
+        f"hardest prompts (1 of 16 correct) GRPO {m[g + '_hardest']:.3f}, S-GRPO {m[sg + '_hardest']:.3f}. "
+        f"Mean over training {m[g + '_clean_auc']:.3f} vs {m[sg + '_clean_auc']:.3f}; S-GRPO gave weight 0 to "
+        f"{m[sg + '_zero_weight_frac']:.0%} of mixed observed groups."
+    )
 
 
 def summary_maxrl(m, seeds):
-    return (f"pass@1 GRPO {m['grpo_pass1']:.3f} vs MaxRL {m['maxrl_pass1']:.3f}; pass@16 {m['grpo_pass16']:.3f} vs "
-            f"{m['maxrl_pass16']:.3f}; prompts with p < 0.05: {m['grpo_hard']:.1f} vs {m['maxrl_hard']:.1f} "
-            f"(start: pass@1 {m['initial_pass1']:.3f}, {m['initial_hard']:.1f} hard).")
+    return (
+        f"pass@1 GRPO {m['grpo_pass1']:.3f} vs MaxRL {m['maxrl_pass1']:.3f}; pass@16 {m['grpo_pass16']:.3f} vs "
+        f"{m['maxrl_pass16']:.3f}; prompts with p < 0.05: {m['grpo_hard']:.1f} vs {m['maxrl_hard']:.1f} "
+        f"(start: pass@1 {m['initial_pass1']:.3f}, {m['initial_hard']:.1f} hard)."
+    )
 
 
 def summary_dvao(m, seeds):
-    return (f"correct RC {m['rc_correct']:.3f} vs DVAO {m['dvao_correct']:.3f}; compliant {m['rc_compliant']:.3f} vs "
-            f"{m['dvao_compliant']:.3f}; mass on the both-satisfying answer {m['rc_both']:.3f} vs {m['dvao_both']:.3f}"
-            f" (mean |A| {m['rc_mean_abs_adv']:.2f} vs {m['dvao_mean_abs_adv']:.2f}). Mean over training: correct "
-            f"{m['rc_correct_auc']:.3f} vs {m['dvao_correct_auc']:.3f}, compliant {m['rc_compliant_auc']:.3f} vs "
-            f"{m['dvao_compliant_auc']:.3f}.")
+    return (
+        f"correct RC {m['rc_correct']:.3f} vs DVAO {m['dvao_correct']:.3f}; compliant {m['rc_compliant']:.3f} vs "
+        f"{m['dvao_compliant']:.3f}; mass on the both-satisfying answer {m['rc_both']:.3f} vs {m['dvao_both']:.3f}"
+        f" (mean |A| {m['rc_mean_abs_adv']:.2f} vs {m['dvao_mean_abs_adv']:.2f}). Mean over training: correct "
+        f"{m['rc_correct_auc']:.3f} vs {m['dvao_correct_auc']:.3f}, compliant {m['rc_compliant_auc']:.3f} vs "
+        f"{m['dvao_compliant_auc']:.3f}."
+    )
+
+
+def summary_dvao_conflict(m, seeds):
+    return (
+        f"no answer satisfies both: correct RC {m['rc_correct']:.3f} vs DVAO {m['dvao_correct']:.3f}; compliant "
+        f"{m['rc_compliant']:.3f} vs {m['dvao_compliant']:.3f}; correct × compliant {m['rc_product']:.3f} vs "
+        f"{m['dvao_product']:.3f} (mean |A| {m['rc_mean_abs_adv']:.2f} vs {m['dvao_mean_abs_adv']:.2f})."
+    )
 
 
 def summary_ctwa(m, seeds):
-    return (f"objective means (u1, u2, u3) start ({m['initial_u1']:.2f}, {m['initial_u2']:.2f}, "
-            f"{m['initial_u3']:.2f}); static ({m['static_u1']:.2f}, {m['static_u2']:.2f}, {m['static_u3']:.2f}); CTWA "
-            f"({m['ctwa_u1']:.2f}, {m['ctwa_u2']:.2f}, {m['ctwa_u3']:.2f}), weight shares ({m['ctwa_w1']:.2f}, "
-            f"{m['ctwa_w2']:.2f}, {m['ctwa_w3']:.2f}); late Cov(u3, A) static {m['static_cov3_late']:+.3f}, "
-            f"CTWA {m['ctwa_cov3_late']:+.3f}. CTWA's w3 share peaked at {m['ctwa_w3_peak']:.3f}"
-            + (f"; its final margin over 1/3 is only {m['ctwa_w3'] - 1 / 3:+.1e} (marginal)."
-               if abs(m["ctwa_w3"] - 1 / 3) < 1e-3 else "."))
+    return (
+        f"objective means (u1, u2, u3) start ({m['initial_u1']:.2f}, {m['initial_u2']:.2f}, "
+        f"{m['initial_u3']:.2f}); static ({m['static_u1']:.2f}, {m['static_u2']:.2f}, {m['static_u3']:.2f}); CTWA "
+        f"({m['ctwa_u1']:.2f}, {m['ctwa_u2']:.2f}, {m['ctwa_u3']:.2f}), weight shares ({m['ctwa_w1']:.2f}, "
+        f"{m['ctwa_w2']:.2f}, {m['ctwa_w3']:.2f}); late Cov(u3, A) static {m['static_cov3_late']:+.3f}, "
+        f"CTWA {m['ctwa_cov3_late']:+.3f}. CTWA's w3 share peaked at {m['ctwa_w3_peak']:.3f}"
+        + (
+            f"; its final margin over 1/3 is only {m['ctwa_w3'] - 1 / 3:+.1e} (marginal)."
+            if abs(m["ctwa_w3"] - 1 / 3) < 1e-3
+            else "."
+        )
+    )
 
 
 def summary_gradient(m, seeds):
     k = underserved(m)
-    return (f"under-served objective u{k}; fixed (u1, u2) = ({m['fixed_u1']:.3f}, {m['fixed_u2']:.3f}), dynamic "
-            f"({m['dynamic_u1']:.3f}, {m['dynamic_u2']:.3f}) with final weights ({m['dynamic_w1']:.3f}, "
-            f"{m['dynamic_w2']:.3f}): the dynamic weight moved "
-            f"{'toward' if m[f'dynamic_w{k}'] > 0.5 else 'away from'} the under-served objective.")
+    return (
+        f"under-served objective u{k}; fixed (u1, u2) = ({m['fixed_u1']:.3f}, {m['fixed_u2']:.3f}), dynamic "
+        f"({m['dynamic_u1']:.3f}, {m['dynamic_u2']:.3f}) with final weights ({m['dynamic_w1']:.3f}, "
+        f"{m['dynamic_w2']:.3f}): the dynamic weight moved "
+        f"{'toward' if m[f'dynamic_w{k}'] > 0.5 else 'away from'} the under-served objective."
+    )
 
 
 def summary_delta_l(m, seeds):
     alphas = sorted({float(k.split("_")[0][1:]) for k in m if k.endswith("_var")})
-    parts = [f"α={a:g}: var {m[f'a{a}_var']:.3f} (theory {m[f'a{a}_var_theory']:.3f}), z {pooled_z(seeds, a):+.2f}"
-             for a in alphas]
+    parts = [
+        f"α={a:g}: var {m[f'a{a}_var']:.3f} (theory {m[f'a{a}_var_theory']:.3f}), z {pooled_z(seeds, a):+.2f}"
+        for a in alphas
+    ]
     return "; ".join(parts) + "."
 
 
 def summary_oblr(m, seeds):
     max_z = max(m[f"{k}_max_abs_z"] for k in ("mean", "mean_loo", "oblr"))
-    return (f"relative variance mean baseline {m['mean_rel_var']:.2f}, leave-one-out mean {m['mean_loo_rel_var']:.2f}"
-            f", OBLR {m['oblr_rel_var']:.2f} (raw trace: {m['mean_var']:.4f}, {m['mean_loo_var']:.4f}, "
-            f"{m['oblr_var']:.4f}); max |z| of the mean vs E ĝ: {max_z:.2f}.")
+    return (
+        f"relative variance mean baseline {m['mean_rel_var']:.2f}, leave-one-out mean {m['mean_loo_rel_var']:.2f}"
+        f", OBLR {m['oblr_rel_var']:.2f} (raw trace: {m['mean_var']:.4f}, {m['mean_loo_var']:.4f}, "
+        f"{m['oblr_var']:.4f}); max |z| of the mean vs E ĝ: {max_z:.2f}."
+    )
 
 
 def summary_drpo(m, seeds):
-    return (f"accuracy {m['initial_accuracy']:.3f} → GRPO-LP {m['grpo_lp_accuracy']:.3f}, DRPO "
-            f"{m['drpo_accuracy']:.3f}; correct length/L_max {m['initial_correct_length']:.3f} → "
-            f"{m['grpo_lp_correct_length']:.3f} vs "
-            f"{m['drpo_correct_length']:.3f}; negative advantage on a sampled correct answer: GRPO-LP "
-            f"{m['grpo_lp_negative_frac']:.1%} of them, DRPO {m['drpo_negative_on_correct']:.0f} times.")
+    return (
+        f"accuracy {m['initial_accuracy']:.3f} → GRPO-LP {m['grpo_lp_accuracy']:.3f}, DRPO "
+        f"{m['drpo_accuracy']:.3f}; correct length/L_max {m['initial_correct_length']:.3f} → "
+        f"{m['grpo_lp_correct_length']:.3f} vs "
+        f"{m['drpo_correct_length']:.3f}; negative advantage on a sampled correct answer: GRPO-LP "
+        f"{m['grpo_lp_negative_frac']:.1%} of them, DRPO {m['drpo_negative_on_correct']:.0f} times."
+    )
 
 
 def plot_lines(ax, curves: dict, arms: dict, keys: dict, title: str, ylabel: str) -> None:
@@ -681,15 +822,21 @@ def plot_lines(ax, curves: dict, arms: dict, keys: dict, title: str, ylabel: str
             pts = [(s, a, b) for s, a, b in zip(curve["step"], mean, std, strict=True) if a is not None]
             steps, mu, sd = (list(x) for x in zip(*pts, strict=True))
             ax.plot(steps, mu, color=colour, linestyle=style, label=f"{arm} {key}")
-            ax.fill_between(steps, [a - b for a, b in zip(mu, sd, strict=True)],
-                            [a + b for a, b in zip(mu, sd, strict=True)], color=colour, alpha=0.15)
+            ax.fill_between(
+                steps,
+                [a - b for a, b in zip(mu, sd, strict=True)],
+                [a + b for a, b in zip(mu, sd, strict=True)],
+                color=colour,
+                alpha=0.15,
+            )
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.legend(fontsize=7)
 
 
 def plot_bars(ax, names: list[str], values: list[float], errors: list[float], title: str, ylabel: str) -> None:
-    ax.bar(names, values, yerr=errors, color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][: len(names)],
-           capsize=4)
+    ax.bar(
+        names, values, yerr=errors, color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][: len(names)], capsize=4
+    )
     ax.set(title=title, ylabel=ylabel)
 
 
@@ -699,42 +846,106 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    agg, checks = result["aggregated"], result["criteria"]
-    fig, axes = plt.subplots(2, 4, figsize=(22, 10))
+    agg, checks = result["aggregate"], result["criteria"]
+    fig, axes = plt.subplots(3, 4, figsize=(22, 15))
     ax = iter(axes.flat)
 
     def tag(key):
         return f" [{'PASS' if checks[key]['passed'] else 'FAIL'}]"
 
-    c = agg["sgrpo"]["curves"]
-    plot_lines(next(ax), c, {"grpo": "tab:gray", "sgrpo": "tab:blue"}, {"clean_success": "-", "hardest_success": ":"},
-               "1 S-GRPO vs GRPO, 20% reward flips" + tag("sgrpo"), "clean success probability")
+    for key, label in SGRPO_PANELS.items():
+        c, m = agg[key]["curves"], {k: v["mean"] for k, v in agg[key]["finals"].items()}
+        arms = {
+            f"grpo_lr{best_lr(m, 'grpo')}": "tab:gray",
+            f"sgrpo_lr{best_lr(m, 'sgrpo')}": "tab:blue",
+            f"clean_grpo_lr{best_lr(m, 'clean_grpo')}": "tab:green",
+        }
+        plot_lines(
+            next(ax),
+            c,
+            arms,
+            {"clean_success": "-"},
+            f"{label}, best lr per arm" + tag(key),
+            "clean success probability",
+        )
     c = agg["maxrl"]["curves"]
-    plot_lines(next(ax), c, {"grpo": "tab:gray", "maxrl": "tab:blue"}, {"pass1": "-", "pass16": "--"},
-               "2 MaxRL vs GRPO, pass@1 / pass@16" + tag("maxrl"), "exact pass@k")
+    plot_lines(
+        next(ax),
+        c,
+        {"grpo": "tab:gray", "maxrl": "tab:blue"},
+        {"pass1": "-", "pass16": "--"},
+        "2 MaxRL vs GRPO, pass@1 / pass@16" + tag("maxrl"),
+        "exact pass@k",
+    )
     c = agg["dvao"]["curves"]
-    plot_lines(next(ax), c, {"rc": "tab:gray", "dvao": "tab:blue"}, {"correct": "-", "compliant": "--"},
-               "3 DVAO vs reward combination" + tag("dvao"), "objective mean")
+    plot_lines(
+        next(ax),
+        c,
+        {"rc": "tab:gray", "dvao": "tab:blue"},
+        {"correct": "-", "compliant": "--"},
+        "3 DVAO vs reward combination" + tag("dvao"),
+        "objective mean",
+    )
+    c = agg["dvao_conflict"]["curves"]
+    plot_lines(
+        next(ax),
+        c,
+        {"rc": "tab:gray", "dvao": "tab:blue"},
+        {"correct": "-", "compliant": "--"},
+        "3b DVAO vs RC, no answer satisfies both" + tag("dvao_conflict"),
+        "objective mean",
+    )
     c = agg["ctwa"]["curves"]
     a = next(ax)
-    plot_lines(a, c, {"static": "tab:gray", "ctwa": "tab:blue"}, {"u3": "-", "w3": ":"},
-               "4 CTWA vs static weights (u3, weight share w3)" + tag("ctwa"), "objective 3 mean / weight share")
+    plot_lines(
+        a,
+        c,
+        {"static": "tab:gray", "ctwa": "tab:blue"},
+        {"u3": "-", "w3": ":"},
+        "4 CTWA vs static weights (u3, weight share w3)" + tag("ctwa"),
+        "objective 3 mean / weight share",
+    )
     c = agg["gradient"]["curves"]
-    plot_lines(next(ax), c, {"fixed": "tab:gray", "dynamic": "tab:blue"}, {"u1": "-", "u2": "--", "w2": ":"},
-               "5 gradient-based weights, non-convex front" + tag("gradient"), "objective mean / weight")
+    plot_lines(
+        next(ax),
+        c,
+        {"fixed": "tab:gray", "dynamic": "tab:blue"},
+        {"u1": "-", "u2": "--", "w2": ":"},
+        "5 gradient-based weights, non-convex front" + tag("gradient"),
+        "objective mean / weight",
+    )
     f = agg["delta_l"]["finals"]
-    alphas = result["config"]["dl_alphas"]
-    plot_bars(next(ax), [f"α={x:g}" for x in alphas], [f[f"a{x}_var"]["mean"] for x in alphas],
-              [f[f"a{x}_var"]["std"] for x in alphas], "6 ΔL: variance of the aggregated gradient" + tag("delta_l"),
-              "empirical variance")
+    alphas = result["config"]["sizes"]["dl_alphas"]
+    plot_bars(
+        next(ax),
+        [f"α={x:g}" for x in alphas],
+        [f[f"a{x}_var"]["mean"] for x in alphas],
+        [f[f"a{x}_var"]["std"] for x in alphas],
+        "6 ΔL: variance of the aggregated gradient" + tag("delta_l"),
+        "empirical variance",
+    )
     f = agg["oblr"]["finals"]
     names = ["mean", "mean_loo", "oblr"]
-    plot_bars(next(ax), names, [f[f"{x}_rel_var"]["mean"] for x in names], [f[f"{x}_rel_var"]["std"] for x in names],
-              "7 OBLR baseline: relative gradient variance" + tag("oblr"), "tr Var(ĝ) / ‖E ĝ‖²")
+    plot_bars(
+        next(ax),
+        names,
+        [f[f"{x}_rel_var"]["mean"] for x in names],
+        [f[f"{x}_rel_var"]["std"] for x in names],
+        "7 OBLR baseline: relative gradient variance" + tag("oblr"),
+        "tr Var(ĝ) / ‖E ĝ‖²",
+    )
     c = agg["drpo"]["curves"]
-    plot_lines(next(ax), c, {"grpo_lp": "tab:gray", "drpo": "tab:blue"}, {"accuracy": "-", "correct_length": "--"},
-               "8 DRPO vs length-penalised GRPO" + tag("drpo"), "accuracy / correct length ÷ L_max")
+    plot_lines(
+        next(ax),
+        c,
+        {"grpo_lp": "tab:gray", "drpo": "tab:blue"},
+        {"accuracy": "-", "correct_length": "--"},
+        "8 DRPO vs length-penalised GRPO" + tag("drpo"),
+        "accuracy / correct length ÷ L_max",
+    )
     fig.suptitle(f"GRPO variants on tabular bandits (mean ± std over seeds {result['config']['seeds']})")
+    for rest in ax:
+        rest.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -750,34 +961,94 @@ class Panel:
     summary: Callable[[dict, list[dict]], str]
 
 
+SGRPO_PANELS = {
+    "sgrpo": "1a S-GRPO vs GRPO, i.i.d. flips p = 0.2",
+    "sgrpo_iid_0125": "1b S-GRPO vs GRPO, i.i.d. flips p = 0.125",
+    "sgrpo_one_per_group": "1c S-GRPO vs GRPO, one flip per group",
+}
+SGRPO_NOISE = {"sgrpo": "iid_0.2", "sgrpo_iid_0125": "iid_0.125", "sgrpo_one_per_group": "one_per_group"}
+
 PANELS = [
-    Panel("sgrpo", "S-GRPO vs GRPO, 20% flips", run_sgrpo, "S-GRPO final clean success > GRPO's", check_sgrpo,
-          summary_sgrpo),
-    Panel("maxrl", "MaxRL vs GRPO, pass@k", run_maxrl,
-          "MaxRL pass@16 ≥ GRPO's, pass@1 ≥ GRPO's − 0.05, fewer prompts with p < 0.05", check_maxrl, summary_maxrl),
-    Panel("dvao", "DVAO vs reward combination", run_dvao,
-          "DVAO correctness and compliance ≥ RC's − 0.02, at least one strictly higher", check_dvao, summary_dvao),
-    Panel("ctwa", "CTWA vs static weights", run_ctwa,
-          "static: u3 falls below its start; CTWA: w3 share > 1/3 and u3 > static's", check_ctwa, summary_ctwa),
-    Panel("gradient", "gradient-based weights vs fixed", run_gradient_weights,
-          "weight on the under-served objective > 0.5 and its mean > fixed weights'", check_gradient,
-          summary_gradient),
-    Panel("delta_l", "ΔL aggregation variance", run_delta_l,
-          "α = 1 has the smallest variance; all |mean − g| ≤ 3 SE (pooled)", check_delta_l, summary_delta_l),
-    Panel("oblr", "OBLR length-weighted baseline", run_oblr,
-          "OBLR relative variance < mean baseline's", check_oblr, summary_oblr),
-    Panel("drpo", "DRPO vs length-penalised GRPO", run_drpo,
-          "DRPO accuracy ≥ GRPO-LP's; no negative DRPO coefficient on a correct sample", check_drpo, summary_drpo),
+    *(
+        Panel(
+            key,
+            label.split(" ", 1)[1],
+            sgrpo_panel(SGRPO_NOISE[key]),
+            "at each arm's best lr, S-GRPO final clean success > GRPO's",
+            check_sgrpo,
+            summary_sgrpo,
+        )
+        for key, label in SGRPO_PANELS.items()
+    ),
+    Panel(
+        "maxrl",
+        "MaxRL vs GRPO, pass@k",
+        run_maxrl,
+        "MaxRL pass@16 ≥ GRPO's, pass@1 ≥ GRPO's − 0.05, fewer prompts with p < 0.05",
+        check_maxrl,
+        summary_maxrl,
+    ),
+    Panel(
+        "dvao",
+        "DVAO vs reward combination",
+        run_dvao,
+        "DVAO correctness and compliance ≥ RC's − 0.02, at least one strictly higher",
+        check_dvao,
+        summary_dvao,
+    ),
+    Panel(
+        "dvao_conflict",
+        "DVAO vs RC, conflicting objectives",
+        partial(run_dvao, conflict=True),
+        "DVAO final correct × compliant > RC's",
+        check_dvao_conflict,
+        summary_dvao_conflict,
+    ),
+    Panel(
+        "ctwa",
+        "CTWA vs static weights",
+        run_ctwa,
+        "static: u3 falls below its start; CTWA: w3 share > 1/3 and u3 > static's",
+        check_ctwa,
+        summary_ctwa,
+    ),
+    Panel(
+        "gradient",
+        "gradient-based weights vs fixed",
+        run_gradient_weights,
+        "weight on the under-served objective > 0.5 and its mean > fixed weights'",
+        check_gradient,
+        summary_gradient,
+    ),
+    Panel(
+        "delta_l",
+        "ΔL aggregation variance",
+        run_delta_l,
+        "α = 1 has the smallest variance; all |mean − g| ≤ 3 SE (pooled)",
+        check_delta_l,
+        summary_delta_l,
+    ),
+    Panel(
+        "oblr",
+        "OBLR length-weighted baseline",
+        run_oblr,
+        "OBLR relative variance < mean baseline's",
+        check_oblr,
+        summary_oblr,
+    ),
+    Panel(
+        "drpo",
+        "DRPO vs length-penalised GRPO",
+        run_drpo,
+        "DRPO accuracy ≥ GRPO-LP's; no negative DRPO coefficient on a correct sample",
+        check_drpo,
+        summary_drpo,
+    ),
 ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # aggregation and outputs
-
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
 
 
 def mean_curves(curves: list[list[dict]]) -> dict:
@@ -798,64 +1069,72 @@ def aggregate(panel_runs: list[dict]) -> dict:
     return {"finals": finals, "curves": curves}
 
 
-def markdown(result: dict, command: str) -> str:
+def run_seed(seed: int, cfg: Config) -> dict:
+    out = {}
+    for panel in PANELS:
+        t0 = time.time()
+        out[panel.key] = panel.run(cfg, seed)
+        print(f"[seed {seed}] {panel.key}: {time.time() - t0:.1f}s", flush=True)
+    return out
+
+
+def aggregate_all(per_seed: dict, cfg: Config) -> dict:
+    return {panel.key: aggregate([r[panel.key] for r in per_seed.values()]) for panel in PANELS}
+
+
+def criteria(per_seed: dict, agg: dict, cfg: Config) -> dict:
+    checks = {}
+    for panel in PANELS:
+        finals = [r[panel.key]["finals"] for r in per_seed.values()]
+        means = {k: v["mean"] for k, v in agg[panel.key]["finals"].items()}
+        holds = sum(panel.check(f, [f]) for f in finals)
+        checks[panel.key] = criterion(panel.criterion, panel.check(means, finals), {}, f"{holds}/{len(finals)} seeds")
+        checks[panel.key]["summary"] = panel.summary(means, finals)
+    return checks
+
+
+def markdown(result: dict) -> str:
     cfg, checks = result["config"], result["criteria"]
+    sizes = cfg["sizes"]
     lines = [
-        "# GRPO variants on tabular softmax bandits",
-        "",
-        f"Seeds {cfg['seeds']}; numbers are seed means. Tabular softmax policies, exact REINFORCE steps "
-        f"(G = {cfg['group']}, lr {cfg['lr']:g}, {cfg['steps']} steps unless stated), advantages/weights from "
-        "hf_stable's pure functions; design and pre-registered criteria in the script's docstring.",
+        f"Numbers are seed means. Tabular softmax policies, exact REINFORCE steps (G = {sizes['group']}, lr "
+        f"{sizes['lr']:g}, {sizes['steps']} steps unless stated; panel 1 sweeps lr ∈ {sizes['sgrpo_lrs']} per arm), "
+        "advantages/weights from hf_stable's pure functions; design and pre-registered criteria in the script's "
+        "docstring.",
         "",
         "| method | criterion | result | PASS/FAIL |",
         "|---|---|---|---|",
     ]
     for panel in PANELS:
         c = checks[panel.key]
-        cells = [panel.title, c["criterion"], f"{c['summary']} (holds on {c['per_seed']})",
-                 "PASS" if c["passed"] else "FAIL"]
+        cells = [
+            panel.title,
+            c["criterion"],
+            f"{c['summary']} (holds on {c['per_seed']})",
+            "PASS" if c["passed"] else "FAIL",
+        ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    lines += ["", f"![panels]({NAME}.png)", "", "## Rerun", "", f"    {command}", "",
-              f"Wall time of this run: {result['wall_time_s']:.0f} s."]
+    lines += ["", f"![panels]({NAME}.png)"]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 30 s)")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    cfg = replace(Config(), **QUICK) if args.quick else Config()
-    seeds = args.seeds[:1] if args.quick else args.seeds
-    start = time.time()
-    per_seed, aggregated, checks = {}, {}, {}
-    for panel in PANELS:
-        t0 = time.time()
-        runs = [panel.run(cfg, seed) for seed in seeds]
-        per_seed[panel.key] = {str(s): r["finals"] for s, r in zip(seeds, runs, strict=True)}
-        aggregated[panel.key] = aggregate(runs)
-        finals = [r["finals"] for r in runs]
-        means = {k: v["mean"] for k, v in aggregated[panel.key]["finals"].items()}
-        passed = panel.check(means, finals)
-        holds = sum(panel.check(f, [f]) for f in finals)
-        checks[panel.key] = {"criterion": panel.criterion, "passed": passed, "per_seed": f"{holds}/{len(seeds)} seeds",
-                             "summary": panel.summary(means, finals)}
-        print(f"[{panel.key}] {'PASS' if passed else 'FAIL'} ({holds}/{len(seeds)} seeds, {time.time() - t0:.1f}s): "
-              f"{checks[panel.key]['summary']}", flush=True)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_toy_bandits.py" + (
-        " " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
-    result = {"config": {**asdict(cfg), "seeds": seeds, "quick": args.quick}, "per_seed": per_seed,
-              "aggregated": aggregated, "criteria": checks, "wall_time_s": time.time() - start}
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / f"{NAME}.png")
-    result["wall_time_s"] = time.time() - start
-    (out / f"{NAME}.md").write_text(markdown(result, command))
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    print(f"wrote {out / NAME}.{{json,png,md}} in {result['wall_time_s']:.0f}s", flush=True)
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="GRPO variants on tabular softmax bandits",
+    claim="Each GRPO-family variant's qualitative headline holds on exact tabular bandits (S-GRPO 2508.05928, MaxRL "
+    "2602.02710, DVAO 2605.25604, CTWA 2602.06869, gradient weights 2509.11452, ΔL 2509.07558, OBLR, DRPO "
+    "2510.04474).",
+    sizes=Config(),
+    quick_sizes=replace(Config(), **QUICK),
+    run_seed=run_seed,
+    aggregate=aggregate_all,
+    criteria=criteria,
+    plot=plot,
+    markdown=markdown,
+    config={"noise_models": NOISE_MODELS},
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

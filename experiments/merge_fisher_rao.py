@@ -1,13 +1,13 @@
-"""§9 A "Fisher–Rao vs linear as heterogeneity grows": does norm-restored spherical merging beat weight averaging?
+"""Fisher–Rao vs linear as heterogeneity grows: does norm-restored spherical merging beat weight averaging?
 
-Claim (spec `merging.md` §3, §9 A; Fisher–Rao merging). Averaging fine-tunes in Euclidean space shrinks norms and
+Claim (Fisher–Rao merging, arXiv 2603.04972). Averaging fine-tunes in Euclidean space shrinks norms and
 activation variance once their directions disagree; the Fisher–Rao merge (per-tensor weighted spherical Karcher mean,
 then the weighted-mean norm restored) keeps the activation-variance ratio ρ^var ≈ 1 and degrades less as the
 heterogeneity h (fine-tuning length) and the number N of merged experts grow. Pre-registered side question: is the
 Karcher solve worth it, i.e. is fisher_rao more than 0.5 pp better than NRE (linear + per-tensor norm restoration)
 anywhere?
 
-Design (the spec's sizes, which fit the CPU budget unchanged: experts are trained batched, 8 at a time).
+Design (experts are trained batched, 8 at a time, so the full sizes fit a CPU budget).
 * Data: x ∈ R^32, 8 domains; domain j draws x ~ N(μ_j, I) with ‖μ_j‖ = 4 (random direction) and labels
   y = argmax(A_j x) from a domain-specific random Gaussian teacher A_j (10×32, shared 10-class space). Base task:
   a generic teacher A_0 on the uniform mixture of the 8 domains. Per domain: 500 validation, 2000 test points; the
@@ -21,9 +21,9 @@ Design (the spec's sizes, which fit the CPU budget unchanged: experts are traine
   linear; task arithmetic `θ0 + λ Σ τ_i` with λ ∈ TA_LAMBDAS chosen on the validation split; NRE (`nre`:
   Σ α_i x_i rescaled per tensor to Σ α_i ‖x_i‖); fisher_rao (`space: weights`, Karcher solver); fisher_rao
   (`space: task_vector`, base = the pre-trained model); TIES (density 0.3, λ ∈ TIES_LAMBDAS chosen on validation);
-  multislerp = `nre_unit` (§3.7). λ is selected per (seed, h, subset) by the mean validation accuracy over the merged
+  multislerp = `nre_unit`. λ is selected per (seed, h, subset) by the mean validation accuracy over the merged
   domains; the test split is only reported.
-* Metrics: test accuracy averaged over the N merged domains (each with its own teacher); §3.5 diagnostics on the
+* Metrics: test accuracy averaged over the N merged domains (each with its own teacher); diagnostics on the
   2048-point probe: per-layer activation-variance ratio ρ^var_ℓ = v(H^merged_ℓ) / Σ α_i v(H^(i)_ℓ) with
   v(H) = mean over units of the variance over probe points, and the effective-rank ratio (Roy–Vetterli erank of the
   centred activations, merged / mean of the experts) at the outputs of block 1, block 2 and the logits; per-tensor
@@ -35,7 +35,7 @@ Design (the spec's sizes, which fit the CPU budget unchanged: experts are traine
   largest-h, N = 8 cell (relative difference per tensor); the number of tensors on which the library's Karcher solver
   fell back to NRE (an input ≥ π/2 from the initial mean) is recorded per merge.
 
-Pass criterion (pre-registered, §9 A; printed PASS/FAIL as measured; a failure is a non-replication, not tuned):
+Pass criterion (pre-registered; printed PASS/FAIL as measured; a failure is a non-replication, not tuned):
   at the largest h (3200) and N = 8, on the seed means,
   (a) accuracy(fisher_rao, weights space) − accuracy(linear) ≥ 5 pp;
   (b) ρ^var(fisher_rao) ≥ 0.9, where ρ^var is the minimum over the three probed layers;
@@ -46,24 +46,24 @@ Side question (pre-registered, reported, not a criterion): is fisher_rao (weight
 Command (4.1 CPU-minutes measured on one core for 3 seeds; 14 min wall on the shared 2-core machine):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fisher_rao.py
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fisher_rao.py --quick --output_dir /tmp/merge_fisher_rao
-Rewrite the PNG and Markdown from an existing JSON (no training): add `--replot`.
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fisher_rao.py --quick --out /tmp/merge_fisher_rao
+Each seed is cached under `experiments/cache/merge_fisher_rao/` (keyed by the code), so rewriting the PNG and
+Markdown after a finished run costs seconds.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _harness import Experiment, fmt, mean_std, run
 
 
 NAME = "merge_fisher_rao"
@@ -231,11 +231,11 @@ def accuracy(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# merging (the library) and diagnostics (§3.5)
+# merging (the library) and diagnostics
 
 
 def independent_merge(method, tensors, *, base=None, weights=None, params=None):
-    """An independent float64 re-implementation from the maths (spec §3.3 direct-form Karcher, §3.7 NRE/nre_unit,
+    """An independent float64 re-implementation from the maths (direct-form Karcher, NRE/nre_unit,
     TIES with the disjoint mean), used only to cross-check the library's merges (`config.cross_check`)."""
     params = params or {}
     x = torch.stack([t.reshape(-1).double() for t in tensors])  # (N, n)
@@ -263,10 +263,10 @@ def independent_merge(method, tensors, *, base=None, weights=None, params=None):
         unit = v / r[:, None]
         if method == "nre":
             m = alpha @ v
-        else:  # nre_unit, fisher_rao (Karcher, §3.3, direct form)
+        else:  # nre_unit, fisher_rao (Karcher, direct form)
             u = alpha @ unit
             u = u / u.norm()
-            if method == "fisher_rao" and (unit @ u).min() <= 0:  # an input ≥ π/2 from u_0: NRE (§3.3)
+            if method == "fisher_rao" and (unit @ u).min() <= 0:  # an input ≥ π/2 from u_0: NRE, as the library does
                 u = alpha @ v
             elif method == "fisher_rao":
                 for _ in range(50):
@@ -323,7 +323,7 @@ def expert_stats(expert: dict, probe: torch.Tensor, rows: torch.Tensor) -> dict:
 
 
 def diagnostics(merged: dict, experts: list[dict], stats: list[dict], probe: torch.Tensor) -> dict:
-    """§3.5 diagnostics of a uniform merge against its experts (`stats` from `expert_stats`)."""
+    """Diagnostics of a uniform merge against its experts (`stats` from `expert_stats`)."""
     from hf_stable.merging.diagnostics import activation_variance, effective_rank
 
     acts = forward(merged, probe)
@@ -465,14 +465,6 @@ def run_seed(seed: int, sizes: Sizes) -> dict:
 # aggregation, criteria, outputs
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 SCALARS = (
     "accuracy",
     "karcher_fallback_tensors",
@@ -521,7 +513,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> tuple[dict, dict]:
     fr, lin = cell["fisher_rao"], cell["linear"]
     checks = {
         "a": {
-            "description": f"h={h}, N={n}: accuracy(fisher_rao) − accuracy(linear) ≥ {ACC_MARGIN * 100:g} pp",
+            "criterion": f"h={h}, N={n}: accuracy(fisher_rao) − accuracy(linear) ≥ {ACC_MARGIN * 100:g} pp",
             "values": {
                 "fisher_rao": fr["accuracy"]["mean"],
                 "linear": lin["accuracy"]["mean"],
@@ -531,7 +523,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> tuple[dict, dict]:
             "per_seed": seeds_holding(lambda c: c["fisher_rao"]["accuracy"] - c["linear"]["accuracy"] >= ACC_MARGIN),
         },
         "b": {
-            "description": f"h={h}, N={n}: ρ^var(fisher_rao) ≥ {RHO_FR} (min over layers)",
+            "criterion": f"h={h}, N={n}: ρ^var(fisher_rao) ≥ {RHO_FR} (min over layers)",
             "values": {
                 "rho_var_min": fr["rho_var_min"]["mean"],
                 **{layer: fr[f"rho_var_{layer}"]["mean"] for layer in LAYERS},
@@ -540,7 +532,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> tuple[dict, dict]:
             "per_seed": seeds_holding(lambda c: c["fisher_rao"]["rho_var_min"] >= RHO_FR),
         },
         "c": {
-            "description": f"h={h}, N={n}: ρ^var(linear) ≤ {RHO_LINEAR} (min over layers)",
+            "criterion": f"h={h}, N={n}: ρ^var(linear) ≤ {RHO_LINEAR} (min over layers)",
             "values": {
                 "rho_var_min": lin["rho_var_min"]["mean"],
                 **{layer: lin[f"rho_var_{layer}"]["mean"] for layer in LAYERS},
@@ -646,7 +638,7 @@ def plot(agg: dict, sizes: Sizes, path: Path) -> None:
     ax2.set_ylabel("‖τ‖/‖θ0‖")
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="lower right", fontsize=8)
-    fig.suptitle("§9 A: Fisher–Rao vs linear merging of MLP experts as heterogeneity grows (mean ± std over seeds)")
+    fig.suptitle("Fisher–Rao vs linear merging of MLP experts as heterogeneity grows (mean ± std over seeds)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -690,16 +682,10 @@ def interpretation(agg: dict, side: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    agg, checks, cfg, side = result["aggregated"], result["criteria"], result["config"], result["side_question"]
-    sizes = cfg["sizes"]
-
-    def fmt(ms, digits=3):
-        return f"{ms['mean']:.{digits}f} ± {ms['std']:.{digits}f}"
-
+    agg, cfg = result["aggregate"], result["config"]
+    side, sizes = agg["side_question"], cfg["sizes"]
     lines = [
-        "# §9 A: Fisher–Rao vs linear merging as heterogeneity grows",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std over seeds. MLP 32→256→256→10 (LayerNorm, GELU); base "
+        "Mean ± std over seeds. MLP 32→256→256→10 (LayerNorm, GELU); base "
         f"{sizes['base_steps']} Adam steps on the 8-domain mixture (generic-teacher test accuracy "
         f"{fmt(agg['base_generic_accuracy'])}; on the domain teachers {fmt(agg['base_domain_accuracy'])}); experts "
         f"fine-tuned h ∈ {sizes['hs']} steps; uniform merges of N ∈ {sizes['ns']} experts. Accuracy: test, mean over "
@@ -725,16 +711,7 @@ def markdown(result: dict) -> str:
                     f"{fmt(m['erank_ratio_min'])} | {fmt(m['norm_ratio_min'])} | "
                     f"{fmt(m['kl_to_experts'])} |"
                 )
-    lines += ["", "| criterion | values | result | seeds where it holds |", "|---|---|---|---|"]
-    for name, check in checks.items():
-        values = ", ".join(f"{k} {v:.3f}" for k, v in check["values"].items())
-        lines.append(
-            f"| ({name}) {check['description']} | {values} | {'PASS' if check['passed'] else 'FAIL'} | "
-            f"{check['per_seed']} |"
-        )
     lines += [
-        "",
-        f"Overall: {'PASS' if result['passed'] else 'FAIL (non-replication, recorded as measured)'}.",
         "",
         "## Interpretation",
         "",
@@ -768,89 +745,42 @@ def markdown(result: dict) -> str:
         + ", ".join(f"{LABELS[k]} {v:.1e}" for k, v in agg["cross_check_max_rel_diff"].items())
         + ".",
     ]
-    lines += [
-        "",
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        f"Wall time of this run: {result['wall_seconds']:.0f} s.",
-        "",
-    ]
     return "\n".join(lines)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--replot", action="store_true", help="rewrite the PNG and Markdown from the existing JSON")
-    return parser.parse_args(argv)
+def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
+    """The criteria; the pre-registered side question (not a criterion) is stored in the aggregate."""
+    checks, agg["side_question"] = criteria(per_seed, agg, sizes)
+    return checks
 
 
-def main(argv=None) -> dict:
-    cli = parse_args(argv)
-    torch.set_num_threads(1)
-    out = Path(cli.output_dir)
-    if cli.replot:
-        result = json.loads((out / f"{NAME}.json").read_text())
-        plot(result["aggregated"], Sizes(**result["config"]["sizes"]), out / f"{NAME}.png")
-        (out / f"{NAME}.md").write_text(markdown(result))
-        return result
-    sizes = QUICK if cli.quick else Sizes()
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    per_seed = {}
-    for seed in seeds:
-        per_seed[str(seed)] = run_seed(seed, sizes)
-        print(f"seed {seed}: {per_seed[str(seed)]['seconds']:.0f}s", flush=True)
-    agg = aggregate(per_seed, sizes)
-    checks, side = criteria(per_seed, agg, sizes)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fisher_rao.py" + (" --quick" if cli.quick else "")
-    if seeds != [0, 1, 2] and not cli.quick:
-        command += " --seeds " + " ".join(map(str, seeds))
-    result = {
-        "experiment": "§9 A Fisher–Rao vs linear merging as heterogeneity grows",
-        "config": {
-            "seeds": seeds,
-            "quick": cli.quick,
-            "sizes": asdict(sizes),
-            "dim": DIM,
-            "hidden": HIDDEN,
-            "classes": CLASSES,
-            "domains": DOMAINS,
-            "mu_norm": MU_NORM,
-            "ta_lambdas": TA_LAMBDAS,
-            "ties_lambdas": TIES_LAMBDAS,
-            "ties_density": TIES_DENSITY,
-            "methods": {k: {"method": m, "params": p} for k, (m, p, _) in METHODS.items()},
-            "layers": LAYERS,
-            "scaling": "none: the spec's sizes (§9 A) fit the budget",
-            "torch_threads": torch.get_num_threads(),
-        },
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "side_question": side,
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
-        "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(agg, sizes, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result))
-    for name, check in checks.items():
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  "
-            f"values={ {k: round(v, 4) for k, v in check['values'].items()} }  holds in {check['per_seed']}"
-        )
-    print(f"side question: {side['answer']} (max gap {side['max_gap_pp']:+.2f} pp)")
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
-    return result
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="Fisher–Rao vs linear merging as heterogeneity grows",
+    claim="Fisher–Rao merging (weighted spherical Karcher mean + norm restoration) beats linear averaging as expert "
+    "heterogeneity grows and keeps the activation variance (arXiv 2603.04972).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=run_seed,
+    aggregate=aggregate,
+    criteria=judged,
+    plot=lambda result, path: plot(result["aggregate"], Sizes(**result["config"]["sizes"]), path),
+    markdown=markdown,
+    config={
+        "dim": DIM,
+        "hidden": HIDDEN,
+        "classes": CLASSES,
+        "domains": DOMAINS,
+        "mu_norm": MU_NORM,
+        "ta_lambdas": TA_LAMBDAS,
+        "ties_lambdas": TIES_LAMBDAS,
+        "ties_density": TIES_DENSITY,
+        "methods": {k: {"method": m, "params": p} for k, (m, p, _) in METHODS.items()},
+        "layers": LAYERS,
+    },
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

@@ -1,19 +1,19 @@
-"""§9 C "FW-Merging stays stable as irrelevant models are added" (Chen et al. 2025, arXiv 2503.12649).
+"""FW-Merging stays stable as irrelevant models are added (Chen et al. 2025, arXiv 2503.12649).
 
-Claim (spec `merging.md` §5, §9 C). Frank–Wolfe merging over the layer-wise convex hull of a pool, driven by a small
+Claim (FW-Merging, arXiv 2503.12649). Frank–Wolfe merging over the layer-wise convex hull of a pool, driven by a small
 labelled proxy objective, picks the relevant candidates per tensor, so its accuracy on the target tasks does not move
 as irrelevant models are added to the pool, while data-free merges of the whole pool (average, task arithmetic,
 TIES) lose accuracy. Streaming the candidates one tensor at a time keeps resident memory flat in the pool size
 (load-all baselines grow linearly); the price is I/O, about T·(N + 1) model reads.
 
-Design (scaled down from §9 A/C to fit ≈ 2 CPU-minutes per seed on one thread; the sizes are the spec's except
-where noted).
+Design (scaled down to fit ≈ 2 CPU-minutes per seed on one thread; the data and model are those of
+`merge_fisher_rao.py` except where noted).
 * Data: x ∈ R³², 8 domains, domain j: x ∼ N(μ_j, I) with ‖μ_j‖ = 4 in a random direction; labels in a shared
   10-class space from a domain-specific random linear teacher, y = argmax(A_j x). Base task: a generic teacher A_0
   on the mixture of all 8 domains.
 * Model: MLP 32→256→256→10, GELU, LayerNorm (77,834 parameters). Base: 3,000 Adam steps, lr 1e-3, batch 128.
-  Experts: fine-tuned from the base on domain j with teacher A_j, h = 800 steps (one heterogeneity level of §9 A,
-  not the sweep), lr 1e-3, batch 128; data drawn fresh every step.
+  Experts: fine-tuned from the base on domain j with teacher A_j, h = 800 steps (one heterogeneity level of
+  `merge_fisher_rao.py`, not the sweep), lr 1e-3, batch 128; data drawn fresh every step.
 * Targets: domains 1–4, their 4 experts are the relevant pool members. Proxy set: 64 labelled examples per target
   domain (256 in all); test: 2,000 fresh examples per target domain.
 * Pool: the 4 relevant experts + M ∈ {0, 4, 8, 16} irrelevant ones: M = 4 experts for domains 5–8 under NEW teachers
@@ -33,7 +33,7 @@ where noted).
   footprint.
 * Seeds 0, 1, 2 (data, teachers, init, fine-tuning, noise); criteria on seed means, with per-seed counts.
 
-Pass criteria (pre-registered from §9 C before any run; printed PASS/FAIL as measured):
+Pass criteria (pre-registered before any run; printed PASS/FAIL as measured):
   (a) FW layer-wise: |acc(M) − acc(0)| ≤ 1 pp for every M ∈ {4, 8, 16} (mean over seeds);
   (b) TA and TIES degrade: acc(16) ≤ acc(0) − 1 pp for each of them (mean over seeds);
   (c) memory: FW's peak resident candidate bytes are the same for every pool size, while the load-all baseline's
@@ -46,23 +46,22 @@ design, sizes or criteria was changed after seeing any result.
 Command (measured 378 s wall for seeds 0-2 on 2 CPU cores shared with other jobs, about 1 CPU-minute per seed):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fw.py
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fw.py --quick --output_dir /tmp/merge_fw_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fw.py --quick --out /tmp/merge_fw_quick
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _harness import Experiment, mean_std, run
+from _harness import fmt as harness_fmt
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.func import functional_call
@@ -344,14 +343,6 @@ def run_seed(seed: int, s: Sizes) -> dict:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.mean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 def aggregate(per_seed: dict, s: Sizes) -> dict:
     runs = list(per_seed.values())
     agg = {
@@ -478,23 +469,21 @@ def plot(agg: dict, s: Sizes, path: Path) -> None:
     )
     ax.set(title="bytes read from the pool", xlabel="pool size N", ylabel="MiB")
     ax.legend(fontsize=8)
-    fig.suptitle("§9 C FW-Merging vs data-free merges as irrelevant models join the pool")
+    fig.suptitle("FW-Merging vs data-free merges as irrelevant models join the pool")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def markdown(result: dict) -> str:
-    agg, checks, cfg = result["aggregated"], result["criteria"], result["config"]
+    agg, checks, cfg = result["aggregate"], result["criteria"], result["config"]
     s = cfg["sizes"]
 
     def fmt(ms):
-        return f"{ms['mean']:.1f} ± {ms['std']:.1f}"
+        return harness_fmt(ms, 1)
 
     lines = [
-        "# §9 C: FW-Merging stays stable as irrelevant models are added",
-        "",
-        f"Seeds {cfg['seeds']}, mean ± std over seeds (accuracy in %). MLP {s['dim']}→{s['hidden']}→{s['hidden']}→"
+        f"Mean ± std over seeds (accuracy in %). MLP {s['dim']}→{s['hidden']}→{s['hidden']}→"
         f"{s['classes']}, base {s['base_steps']} steps, experts {s['expert_steps']} steps; 4 target domains, proxy "
         f"{s['proxy_per_domain']} examples per target domain, test {s['test_per_domain']} per domain; FW T = "
         f"{s['fw_iters']}, η = 1, TA local merge λ = 1, init base. Base accuracy on the targets "
@@ -537,25 +526,11 @@ def markdown(result: dict) -> str:
     ]
     for r in agg["relevance"]["fw_layer"]:
         lines.append(f"| {r} | {fmt(agg['relevance']['fw_layer'][r])} | {fmt(agg['relevance']['ta'][r])} |")
-    lines += ["", "| criterion | result | values | seeds where it holds |", "|---|---|---|---|"]
-    for name, c in checks.items():
-        values = ", ".join(f"{k} {v:.3g}" for k, v in c["values"].items())
-        lines.append(
-            f"| ({name}) {c['criterion']} | {'PASS' if c['passed'] else 'FAIL'} | {values} | {c['per_seed']} |"
-        )
     lines += [
-        "",
-        f"Overall: **{'PASS' if result['passed'] else 'FAIL'}**.",
         "",
         "## Interpretation",
         "",
         interpretation(agg, checks, s),
-        "",
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        f"Wall time of this run: {result['wall_seconds']:.0f} s (torch threads {cfg['torch_threads']}).",
         "",
     ]
     return "\n".join(lines)
@@ -593,7 +568,8 @@ def interpretation(agg: dict, checks: dict, s: dict) -> str:
     text += (
         f" Caveat: every merge sits far below the experts ({expert:.1f}% on their own domain) and the seed-to-seed "
         "spread of the level is large, because the four target domains use unrelated random teachers over one shared "
-        "label space (§9 A's data), so no single weight vector serves them all; the criteria compare each method "
+        "label space (the data of `merge_fisher_rao.py`), so no single weight vector serves them all; the criteria "
+        "compare each method "
         "with itself across M on the same seed, which that spread does not affect."
     )
     rel = agg["relevance"]["fw_layer"]
@@ -605,86 +581,8 @@ def interpretation(agg: dict, checks: dict, s: dict) -> str:
     return text
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--replot", action="store_true", help="rewrite the PNG and MD from the existing JSON")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> dict:
-    cli = parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    sizes = QUICK if cli.quick else Sizes()
-    out = Path(cli.output_dir)
-    if cli.replot:
-        result = json.loads((out / f"{NAME}.json").read_text())
-        sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in result["config"]["sizes"].items()})
-        plot(_int_keys(result["aggregated"], sizes), sizes, out / f"{NAME}.png")
-        (out / f"{NAME}.md").write_text(markdown(result))
-        return result
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    start = time.time()
-    per_seed = {}
-    for seed in seeds:
-        t0 = time.time()
-        per_seed[str(seed)] = run_seed(seed, sizes)
-        print(
-            f"seed {seed}: {time.time() - t0:.0f}s  "
-            + "  ".join(
-                f"{k}: " + "/".join(f"{100 * v:.1f}" for v in per_seed[str(seed)]["acc"][k].values()) for k in METHODS
-            )
-        )
-    agg = aggregate(per_seed, sizes)
-    checks = criteria(per_seed, agg, sizes)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_fw.py" + (" --quick" if cli.quick else "")
-    if seeds != [0, 1, 2] and not cli.quick:
-        command += " --seeds " + " ".join(map(str, seeds))
-    result = {
-        "experiment": "§9 C FW-Merging stability as irrelevant models are added (arXiv 2503.12649)",
-        "config": {
-            "seeds": seeds,
-            "quick": cli.quick,
-            "sizes": asdict(sizes),
-            "methods": list(METHODS),
-            "ta_grid": TA_GRID,
-            "ties_grid": TIES_GRID,
-            "ties_density": TIES_DENSITY,
-            "tol_pp": TOL_PP,
-            "fw": {
-                "lmo": "layer|task",
-                "lmo_score": "gap|ref_cosine",
-                "init": "base",
-                "local_merge": {"method": "ta", "scaling": 1.0},
-                "step": 1.0,
-            },
-            "torch_threads": torch.get_num_threads(),
-        },
-        "per_seed": per_seed,
-        "aggregated": agg,
-        "criteria": checks,
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
-        "command": command,
-    }
-    result = json.loads(json.dumps(result))  # int keys -> str, as the JSON file holds them
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    plot(_int_keys(result["aggregated"], sizes), sizes, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result))
-    for name, check in checks.items():
-        print(
-            f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  "
-            f"values={ {k: round(v, 4) for k, v in check['values'].items()} }  holds in {check['per_seed']}"
-        )
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
-    return result
-
-
-def _int_keys(agg: dict, s: Sizes) -> dict:
-    """The aggregated dict with pool sizes / R values as ints again (after the JSON round trip)."""
+def _int_keys(agg: dict) -> dict:
+    """`agg` with pool sizes / R values as ints again (JSON keys are strings)."""
 
     def fix(d):
         if isinstance(d, dict):
@@ -694,5 +592,45 @@ def _int_keys(agg: dict, s: Sizes) -> dict:
     return fix(agg)
 
 
+def sizes_of(d: dict) -> Sizes:
+    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="FW-Merging stays stable as irrelevant models are added",
+    claim="FW-Merging keeps target accuracy as irrelevant experts join the pool, with resident memory flat in the "
+    "pool size (arXiv 2503.12649).",
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=run_seed,
+    aggregate=lambda per_seed, s: aggregate(
+        {
+            k: {**v, **_int_keys({f: v[f] for f in ("acc", "relevance", "bytes_read", "fw_irrelevant_share")})}
+            for k, v in per_seed.items()
+        },
+        s,
+    ),
+    criteria=lambda per_seed, agg, s: criteria({k: _int_keys(v) for k, v in per_seed.items()}, _int_keys(agg), s),
+    plot=lambda result, path: plot(_int_keys(result["aggregate"]), sizes_of(result["config"]["sizes"]), path),
+    markdown=markdown,
+    config={
+        "methods": list(METHODS),
+        "ta_grid": TA_GRID,
+        "ties_grid": TIES_GRID,
+        "ties_density": TIES_DENSITY,
+        "tol_pp": TOL_PP,
+        "fw": {
+            "lmo": "layer|task",
+            "lmo_score": "gap|ref_cosine",
+            "init": "base",
+            "local_merge": {"method": "ta", "scaling": 1.0},
+            "step": 1.0,
+        },
+    },
+    script=__file__,
+)
+
+
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

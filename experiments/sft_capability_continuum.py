@@ -1,6 +1,6 @@
-"""E-A1 "capability continuum": which per-token SFT objective wins depends on the base model's prior.
+"""E-A1 capability continuum: which per-token SFT objective wins depends on the base model's prior.
 
-Claim (Li et al., "Beyond Log Likelihood", arXiv 2510.00526; spec `sft_and_adapters.md` §2.1.7): prior-leaning
+Claim (Li et al., "Beyond Log Likelihood", arXiv 2510.00526): prior-leaning
 objectives (-p, -p^10, which weight each token's NLL gradient by p^α) are at least as good as NLL when the model is
 already strong on the SFT task (model-strong, MS), and far worse when the task is new to it (model-weak, MW).
 
@@ -9,7 +9,7 @@ Design (CPU, random-init tiny Llama from `hf_stable.testing.build_tiny_model`, c
 * Task T: 2-digit addition ``"a+b="`` -> ``"a+b"``. Per seed, the 10^4 problems are shuffled; ``n_eval`` of them are
   held out from *all* training (pretraining and SFT) and form the clean evaluation sets.
 * "Pretraining": NLL SFT of the random-init model on T (2000 steps x 64, LR 3e-3 cosine), cached per seed under
-  ``--cache_dir``.
+  ``experiments/cache/``.
 * SFT sets (completion-only, one epoch of 150 steps x 64 rows, identical LR/steps/batch/optimiser for every objective):
   - MS: task T with ``noise_rate`` (30 %) of the answer digits replaced by a *different* random digit;
   - MW: task T' = T's answer passed digit by digit through a fixed random derangement of 0-9 (one per seed; every
@@ -19,7 +19,8 @@ Design (CPU, random-init tiny Llama from `hf_stable.testing.build_tiny_model`, c
   decision come from ``objective_probe.json``).
 * Metrics: greedy exact match and mean teacher-forced p (``evaluate_completions``) on the clean held-out set of the
   SFT task (T for MS, T' for MW); relative parameter change ||θ-θ0||/||θ0||; base-model probe stats per set.
-* Seeds 0, 1, 2 (model init, problem split, noise, permutation, data order); mean ± std (ddof=1) over seeds.
+* Seeds 0-5 (model init, problem split, noise, permutation, data order); mean ± std (ddof=1) over seeds. Seeds 0-2
+  calibrate the `auto` rule, seeds 3-5 are the reported (out-of-sample) seeds.
 
 Design choices fixed before the final comparison: 2-digit (not 3-digit) addition so pretraining takes < 1 min per
 seed; noisy digits always differ from the true digit (so 30 % of digits are wrong; under uniform noise the correct
@@ -29,38 +30,45 @@ length chosen from an NLL-only pilot on MW, seed 0 (75 steps: EM 0.23; 150 steps
 objective-specific tuning. The pretraining budget was fixed in advance and not changed after seed 1 reached only
 0.79 exact match on T (seeds 0 and 2: > 0.99); that seed is reported as is.
 
-Post-hoc diagnostics, added after the first full run and outside the criterion (the primary numbers reproduced
-exactly): a clean-label control (the MS problems without noise, NLL and -p^10), the mean grad norm per arm, and the
-`auto` decision the spec's original rule would take with its P20 guard (``strong_p20=0.3``). The first full run used
-that guard as the default; it called the noisy MS set "intermediate" on every seed although -p beat NLL there, so
-hf_stable's default became ``strong_p20=0`` (an in-sample recalibration, as the spec asked of this experiment).
+History: the first full run (seeds 0-2) used the rule's original P20 guard (``strong_p20=0.3``); it called the noisy
+MS set "intermediate" on every seed although -p beat NLL there, so hf_stable's default became ``strong_p20=0``. A
+review pointed out that this recalibrated the rule on the very seeds it was reported on, and that the rule's choice
+(-p) on clean, high-median data had never been run.
 
-Pass criterion (means over seeds, stated in advance):
+Redesign (pre-registered here before the seed 3-5 runs and before any -p or `auto` run on clean data):
+* A clean-label set (T_clean: the MS problems without noise: high median p, and its low-p tail is not noise) runs
+  NLL, -p, -p^10 and `auto`.
+* Calibration on seeds 0-2 only: for each P20 guard g ∈ {0, 0.1, 0.3} (the rule's other thresholds at hf_stable's
+  defaults), a decision on a (seed, set) case is correct when the objective the rule picks (-p when model-strong,
+  NLL otherwise) has EM ≥ the other one's − 0.02; the guard with the most correct decisions over the 9 cases
+  (MS, MW, T_clean × 3 seeds) is kept, ties going to the larger (more conservative) guard.
+* Everything below is evaluated on seeds 3-5 only.
+
+Pass criteria (means over the report seeds 3-5, stated in advance):
   MS: EM(-p) >= EM(nll) - 0.02 and EM(-p^10) >= EM(nll) - 0.02;
-  MW: EM(nll) - EM(-p^10) >= 0.2.
+  MW: EM(nll) - EM(-p^10) >= 0.2;
+  calibrated rule: on each of MS, MW, T_clean, the mean EM of the objectives it picks >= max(mean EM nll,
+  mean EM -p) - 0.02;
+  shipped rule (hf_stable's default, ``strong_p20=0``): the same test;
+  clean data: on T_clean, EM(-p) >= EM(nll) - 0.02 (the shipped rule's choice there does not lose to NLL).
 
-Command (measured 5 min 42 s on one shared core with a cold cache, i.e. including pretraining):
+Command (six seeds; each seed cached on its own):
   OMP_NUM_THREADS=1 .venv/bin/python experiments/sft_capability_continuum.py
-Smoke test (< 60 s): ``... --quick --output_dir /tmp/e_a1``.
+Smoke test: ``... --quick --out /tmp/e_a1``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import logging
-import os
 import random
 import statistics
-import sys
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+from _harness import Experiment, criterion, fmt, mean_std, run
 
 
 HERE = Path(__file__).resolve().parent
@@ -78,10 +86,13 @@ OBJECTIVES = {
 SETS = ("MS", "MW")
 # post-hoc diagnostic (added after the first full run, outside the pass criterion): the MS problems with clean labels
 CONTROL = "T_clean"
-CONTROL_ARMS = ("nll", "-p^10")
+CONTROL_ARMS = ("nll", "-p", "-p^10", "auto")
 MARGIN_MS = 0.02
-SPEC_P20_GUARD = {"strong_p20": 0.3}  # the spec's original rule, before this experiment recalibrated it
+ORIGINAL_P20_GUARD = {"strong_p20": 0.3}  # the rule's original P20 guard, before the first run recalibrated it
 GAP_MW = 0.2
+CALIBRATION_SEEDS = (0, 1, 2)
+GUARD_GRID = (0.0, 0.1, 0.3)
+RULE_SETS = (*SETS, CONTROL)
 
 
 @dataclass(frozen=True)
@@ -178,11 +189,27 @@ def trainer_args(output_dir: str, seed: int, steps: int, batch: int, lr: float, 
     from hf_stable import StableSFTConfig
 
     return StableSFTConfig(
-        output_dir=output_dir, seed=seed, max_steps=steps, per_device_train_batch_size=batch, learning_rate=lr,
-        lr_scheduler_type="cosine", warmup_steps=0.1, adam_beta2=0.95, weight_decay=0.01, max_grad_norm=1.0,
-        max_length=cfg.max_length, auto_probe_batches=cfg.probe_batches, logging_steps=max(steps // 10, 1),
-        use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none", save_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0, **objective,
+        output_dir=output_dir,
+        seed=seed,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        learning_rate=lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.1,
+        adam_beta2=0.95,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        max_length=cfg.max_length,
+        auto_probe_batches=cfg.probe_batches,
+        logging_steps=max(steps // 10, 1),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **objective,
     )
 
 
@@ -273,7 +300,7 @@ def run_arm(base, base_path: Path, tokenizer, seed: int, cfg: Config, data: dict
     return result
 
 
-def run_seed(seed: int, cfg: Config, cache_dir: Path) -> dict:
+def run_seed(seed: int, cfg: Config, cache_dir: Path = HERE / "cache") -> dict:
     from hf_stable.testing import build_tiny_tokenizer
 
     sets = build_sets(seed, cfg)
@@ -287,14 +314,21 @@ def run_seed(seed: int, cfg: Config, cache_dir: Path) -> dict:
         arms = {"base": evaluate(base, tokenizer, data["eval"])}
         for arm, objective in OBJECTIVES.items():
             arms[arm] = run_arm(base, base_path, tokenizer, seed, cfg, data, objective)
-            print(f"[seed {seed}] {name} {arm:>10}: EM {arms[arm]['exact_match']:.3f} "
-                  f"mean_p {arms[arm]['mean_p']:.3f} ({arms[arm]['wall_s']} s)", flush=True)
+            print(
+                f"[seed {seed}] {name} {arm:>10}: EM {arms[arm]['exact_match']:.3f} "
+                f"mean_p {arms[arm]['mean_p']:.3f} ({arms[arm]['wall_s']} s)",
+                flush=True,
+            )
         out["sets"][name] = arms
     control = sets[CONTROL]
-    out["control"] = {arm: run_arm(base, base_path, tokenizer, seed, cfg, control, OBJECTIVES[arm])
-                      for arm in CONTROL_ARMS}
-    print(f"[seed {seed}] {CONTROL} control (no noise): "
-          + ", ".join(f"{arm} EM {r['exact_match']:.3f}" for arm, r in out["control"].items()), flush=True)
+    out["control"] = {
+        arm: run_arm(base, base_path, tokenizer, seed, cfg, control, OBJECTIVES[arm]) for arm in CONTROL_ARMS
+    }
+    print(
+        f"[seed {seed}] {CONTROL} control (no noise): "
+        + ", ".join(f"{arm} EM {r['exact_match']:.3f}" for arm, r in out["control"].items()),
+        flush=True,
+    )
     return out
 
 
@@ -302,12 +336,7 @@ def run_seed(seed: int, cfg: Config, cache_dir: Path) -> dict:
 # analysis and reporting
 
 
-def mean_std(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
-
-
-def aggregate(per_seed: dict) -> dict:
+def aggregate_seeds(per_seed: dict) -> dict:
     agg = {}
     for name in SETS:
         agg[name] = {}
@@ -324,23 +353,102 @@ def aggregate(per_seed: dict) -> dict:
     return agg
 
 
+def split_seeds(per_seed: dict) -> tuple[dict, dict]:
+    """(calibration, report) seeds; a run without report seeds (the quick smoke) reports on its calibration seeds."""
+    calib = {s: r for s, r in per_seed.items() if int(s) in CALIBRATION_SEEDS}
+    report = {s: r for s, r in per_seed.items() if int(s) not in CALIBRATION_SEEDS}
+    return calib or per_seed, report or per_seed
+
+
+def arms_of(record: dict, name: str) -> dict:
+    return record["sets"][name] if name in SETS else record["control"]
+
+
+def rule_pick(stats: dict, guard: float) -> str:
+    """The arm (`-p` or `nll`) hf_stable's `auto` rule picks with P20 guard `guard` and default other thresholds."""
+    from hf_stable.losses.sft import choose_objective
+
+    return "-p" if choose_objective(stats, {"strong_p20": guard})["sft_objective"] == "prob_power" else "nll"
+
+
+def picked_em(record: dict, name: str, guard: float) -> float:
+    arms = arms_of(record, name)
+    return arms[rule_pick(arms["auto"]["probe"]["stats"], guard)]["exact_match"]
+
+
+def decision_correct(record: dict, name: str, guard: float) -> bool:
+    arms = arms_of(record, name)
+    return picked_em(record, name, guard) >= max(arms["nll"]["exact_match"], arms["-p"]["exact_match"]) - MARGIN_MS
+
+
+def calibrate(calib: dict) -> dict:
+    """The P20 guard with the most correct decisions on the calibration seeds (ties: the larger guard)."""
+    scores = {g: sum(decision_correct(r, n, g) for r in calib.values() for n in RULE_SETS) for g in GUARD_GRID}
+    best = max(GUARD_GRID, key=lambda g: (scores[g], g))
+    return {
+        "strong_p20": best,
+        "correct": {f"{g:g}": v for g, v in scores.items()},
+        "cases": len(calib) * len(RULE_SETS),
+        "seeds": sorted(calib, key=int),
+    }
+
+
+def rule_check(report: dict, guard: float) -> dict:
+    """Per set: mean EM of the rule's picks vs the better of mean EM nll and mean EM -p (report seeds)."""
+    out = {}
+    for name in RULE_SETS:
+        picked = statistics.fmean(picked_em(r, name, guard) for r in report.values())
+        best = max(
+            statistics.fmean(arms_of(r, name)[a]["exact_match"] for r in report.values()) for a in ("nll", "-p")
+        )
+        picks = [rule_pick(arms_of(r, name)["auto"]["probe"]["stats"], guard) for r in report.values()]
+        out[name] = {
+            "picked_em": picked,
+            "best_em": best,
+            "picks": picks,
+            "ok": picked >= best - MARGIN_MS,
+            "seeds_ok": sum(decision_correct(r, name, guard) for r in report.values()),
+        }
+    return out
+
+
+def aggregate(per_seed: dict, cfg: Config | None = None) -> dict:
+    calib, report = split_seeds(per_seed)
+    calibration = calibrate(calib)
+    return {
+        "report_seeds": sorted(report, key=int),
+        "calibration_seeds": sorted(calib, key=int),
+        "report": aggregate_seeds(report),
+        "calibration": aggregate_seeds(calib),
+        "probe": probe_summary(per_seed),
+        "rule_calibration": calibration,
+        "calibrated_rule_on_report": rule_check(report, calibration["strong_p20"]),
+        "shipped_rule_on_report": rule_check(report, 0.0),
+    }
+
+
 def probe_summary(per_seed: dict) -> dict:
-    """Base-model probe stats (from the `auto` arm), the auto decision and the resolved P20 threshold, per set; and,
-    for calibration, the decision of the spec's original rule with its P20 guard (`strong_p20=0.3`)."""
+    """Base-model probe stats (from the `auto` arm), the auto decision and the resolved P20 threshold, per set; and
+    the decision of the rule's original P20 guard (`strong_p20=0.3`)."""
     from hf_stable.losses.sft import choose_objective
 
     summary = {}
-    for name in SETS:
+    for name in RULE_SETS:
         rows = {}
         for seed, res in per_seed.items():
-            arms = res["sets"][name]
+            arms = arms_of(res, name)
             auto = arms["auto"]["probe"]
             stats = auto["stats"]
             rows[seed] = {
-                "median": stats["median"], "p20": stats["p20"], "p10": stats["p10"], "mean": stats["mean"],
-                "frac_p_gt_0.5": stats["frac_p_gt_0.5"], "num_tokens": stats["num_tokens"],
-                "decision": auto["decision"], "threshold_p20": arms["top_p@P20"]["probe"]["threshold"],
-                "decision_with_spec_p20_guard": choose_objective(stats, SPEC_P20_GUARD),
+                "median": stats["median"],
+                "p20": stats["p20"],
+                "p10": stats["p10"],
+                "mean": stats["mean"],
+                "frac_p_gt_0.5": stats["frac_p_gt_0.5"],
+                "num_tokens": stats["num_tokens"],
+                "decision": auto["decision"],
+                "threshold_p20": arms["top_p@P20"]["probe"]["threshold"] if "top_p@P20" in arms else None,
+                "decision_with_original_p20_guard": choose_objective(stats, ORIGINAL_P20_GUARD),
             }
         summary[name] = {"per_seed": rows, "decisions": sorted({r["decision"]["regime"] for r in rows.values()})}
     return summary
@@ -353,15 +461,36 @@ CHECKS = {  # name -> (set, arm a, arm b, threshold): passes when EM(a) - EM(b) 
 }
 
 
-def criteria(agg: dict) -> dict:
-    """The pre-stated criterion on the means over seeds (the verdict), and how many seeds meet it on their own."""
-    checks, per_seed = {}, {}
-    for text, (name, a, b, threshold) in CHECKS.items():
-        em_a, em_b = agg[name][a]["exact_match"]["values"], agg[name][b]["exact_match"]["values"]
-        checks[text] = statistics.fmean(em_a) - statistics.fmean(em_b) >= threshold
-        per_seed[text] = f"{sum(x - y >= threshold for x, y in zip(em_a, em_b, strict=True))}/{len(em_a)}"
-    parts = {name: all(ok for text, ok in checks.items() if text.startswith(name)) for name in SETS}
-    return {"checks": checks, "seeds_meeting_check": per_seed, "parts": parts, "all": all(parts.values())}
+def criteria(per_seed: dict, agg: dict, cfg: Config | None = None) -> dict:
+    """The pre-stated criteria on the report seeds' means, with how many report seeds meet each on their own."""
+    _, report = split_seeds(per_seed)
+    rep, checks = agg["report"], {}
+    for key, (text, (name, a, b, threshold)) in zip(("ms_p", "ms_p10", "mw"), CHECKS.items(), strict=True):
+        em_a, em_b = rep[name][a]["exact_match"]["values"], rep[name][b]["exact_match"]["values"]
+        checks[key] = criterion(
+            text,
+            statistics.fmean(em_a) - statistics.fmean(em_b) >= threshold,
+            {a: statistics.fmean(em_a), b: statistics.fmean(em_b)},
+            f"{sum(x - y >= threshold for x, y in zip(em_a, em_b, strict=True))}/{len(em_a)} seeds",
+        )
+    for key, label in (("calibrated", "calibrated"), ("shipped", "shipped")):
+        rule = agg[f"{key}_rule_on_report"]
+        guard = agg["rule_calibration"]["strong_p20"] if key == "calibrated" else 0.0
+        checks[f"{key}_rule"] = criterion(
+            f"{label} rule (strong_p20 = {guard:g}): on MS, MW and {CONTROL}, mean EM of its picks ≥ max(mean EM nll, "
+            f"mean EM -p) − {MARGIN_MS}",
+            all(r["ok"] for r in rule.values()),
+            {name: r["picked_em"] - r["best_em"] for name, r in rule.items()},
+            ", ".join(f"{name} {r['seeds_ok']}/{len(report)}" for name, r in rule.items()),
+        )
+    em = {a: rep[CONTROL][a]["exact_match"]["values"] for a in ("-p", "nll")}
+    checks["clean"] = criterion(
+        f"{CONTROL} (clean, high median p): EM(-p) ≥ EM(nll) − {MARGIN_MS}",
+        statistics.fmean(em["-p"]) >= statistics.fmean(em["nll"]) - MARGIN_MS,
+        {a: statistics.fmean(v) for a, v in em.items()},
+        f"{sum(x >= y - MARGIN_MS for x, y in zip(em['-p'], em['nll'], strict=True))}/{len(em['nll'])} seeds",
+    )
+    return checks
 
 
 def plot(agg: dict, path: Path, title: str) -> None:
@@ -379,8 +508,9 @@ def plot(agg: dict, path: Path, title: str) -> None:
         for i, arm in enumerate(arms):  # one dot per seed: the spread is mostly one seed, not noise around a mean
             values = agg[name][arm]["exact_match"]["values"]
             offsets = [0.0] if len(values) == 1 else [-0.2 + 0.4 * k / (len(values) - 1) for k in range(len(values))]
-            ax.scatter([i + o for o in offsets], values, s=14, color="k", zorder=3,
-                       label="per seed" if i == 0 else None)
+            ax.scatter(
+                [i + o for o in offsets], values, s=14, color="k", zorder=3, label="per seed" if i == 0 else None
+            )
         ax.axhline(agg[name]["base"]["exact_match"]["mean"], color="k", ls="--", lw=1, label="base (before SFT)")
         label = "MS: noisy T (eval clean T)" if name == "MS" else "MW: new task T' (eval T')"
         ax.set_title(label)
@@ -392,10 +522,6 @@ def plot(agg: dict, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def fmt(ms: dict) -> str:
-    return f"{ms['mean']:.3f} ± {ms['std']:.3f}"
 
 
 def seed_values(probes: dict, name: str, key: str) -> list[float]:
@@ -411,128 +537,113 @@ def regimes(probes: dict, name: str, key: str = "decision") -> str:
 
 
 def interpretation(result: dict) -> str:
-    agg, probes, crit = result["aggregate"], result["probe"], result["criteria"]
-    em = {s: {a: agg[s][a]["exact_match"]["mean"] for a in agg[s]} for s in (*SETS, CONTROL)}
-    mp = {s: {a: agg[s][a]["mean_p"]["mean"] for a in agg[s]} for s in (*SETS, CONTROL)}
+    agg, checks = result["aggregate"], result["criteria"]
+    rep = agg["report"]
+    em = {s: {a: rep[s][a]["exact_match"]["mean"] for a in rep[s]} for s in (*SETS, CONTROL)}
+    cal = agg["rule_calibration"]
     lines = [
-        f"On MS (noisy labels for a known task) clean exact match goes from {em['MS']['base']:.3f} (base) to "
-        f"{em['MS']['nll']:.3f} with NLL, {em['MS']['-p']:.3f} with -p and {em['MS']['-p^10']:.3f} with -p^10 "
-        f"(clean-answer mean p {mp['MS']['nll']:.3f} / {mp['MS']['-p']:.3f} / {mp['MS']['-p^10']:.3f}); on MW (new "
-        f"task) NLL reaches {em['MW']['nll']:.3f} while -p reaches {em['MW']['-p']:.3f} and -p^10 "
-        f"{em['MW']['-p^10']:.3f}.",
-        f"Pre-stated criterion on the seed means: MS {'PASS' if crit['parts']['MS'] else 'FAIL'}, MW "
-        f"{'PASS' if crit['parts']['MW'] else 'FAIL'} (seeds meeting each check on their own: "
-        f"{', '.join(crit['seeds_meeting_check'].values())}).",
+        f"On the report seeds {agg['report_seeds']}: on MS (noisy labels for a known task) clean exact match goes "
+        "from "
+        f"{em['MS']['base']:.3f} (base) to {em['MS']['nll']:.3f} with NLL, {em['MS']['-p']:.3f} with -p and "
+        f"{em['MS']['-p^10']:.3f} with -p^10; on MW (new task) NLL reaches {em['MW']['nll']:.3f}, -p "
+        f"{em['MW']['-p']:.3f} and -p^10 {em['MW']['-p^10']:.3f}; on clean T data NLL {em[CONTROL]['nll']:.3f}, -p "
+        f"{em[CONTROL]['-p']:.3f}, -p^10 {em[CONTROL]['-p^10']:.3f} and `auto` {em[CONTROL]['auto']:.3f}.",
+        f"Calibration on seeds {cal['seeds']} kept the P20 guard {cal['strong_p20']:g} (correct decisions per guard: "
+        + ", ".join(f"{g}: {v}/{cal['cases']}" for g, v in cal["correct"].items())
+        + ").",
+        "Verdicts: " + ", ".join(f"{k} {'PASS' if c['passed'] else 'FAIL'}" for k, c in checks.items()) + ".",
     ]
     weak = [s for s, r in result["per_seed"].items() if r["pretrain"]["T_eval"]["exact_match"] < 0.95]
-    for seed in weak:
-        run = result["per_seed"][seed]
-        ms = {a: run["sets"]["MS"][a]["exact_match"] for a in ("nll", "-p", "-p^10")}
-        ctl = {a: run["control"][a]["exact_match"] for a in CONTROL_ARMS}
+    if weak:
         lines.append(
-            f"Pretraining left seed {seed} at {run['pretrain']['T_eval']['exact_match']:.3f} exact match on T; on its "
-            f"MS set NLL / -p / -p^10 end at {ms['nll']:.3f} / {ms['-p']:.3f} / {ms['-p^10']:.3f}, and with clean "
-            f"labels (control) NLL ends at {ctl['nll']:.3f} and -p^10 at {ctl['-p^10']:.3f}."
+            "Pretraining left seed(s) "
+            + ", ".join(weak)
+            + " below 0.95 exact match on T ("
+            + ", ".join(f"{result['per_seed'][s]['pretrain']['T_eval']['exact_match']:.3f}" for s in weak)
+            + "); they are reported as they are."
         )
-    lines.append(
-        f"`auto` chose {regimes(probes, 'MS')} on MS and {regimes(probes, 'MW')} on MW. The spec's original rule, "
-        f"which also asked P20 >= 0.3, would have chosen {regimes(probes, 'MS', 'decision_with_spec_p20_guard')} on "
-        f"MS: the noisy digits put its base-model P20 at {fmt_probe(probes, 'MS', 'p20')} although the median is "
-        f"{fmt_probe(probes, 'MS', 'median')}."
-    )
     return " ".join(lines)
 
 
 def markdown(result: dict) -> str:
-    agg, probes, crit = result["aggregate"], result["probe"], result["criteria"]
-    seeds = result["config"]["seeds"]
+    agg = result["aggregate"]
+    probes = agg["probe"]
     out = [
-        "# E-A1 capability continuum (CPU, tiny model)", "",
-        f"Seeds {seeds}; mean ± std over seeds; clean held-out exact match (EM) and mean teacher-forced p. MS: task T "
-        "(2-digit addition) with 30 % of answer digits wrong; MW: new task T' (answer digits permuted). Pretraining "
-        "EM on T per seed: " + ", ".join(f"{r['pretrain']['T_eval']['exact_match']:.3f}"
-                                          for r in result["per_seed"].values()) + ".", "",
-        "| objective | MS EM | MS mean p | MW EM | MW mean p |", "|---|---|---|---|---|",
+        f"Mean ± std over seeds; clean held-out exact match (EM) and mean teacher-forced p. MS: task T (2-digit "
+        f"addition) with 30 % of answer digits wrong; MW: new task T' (answer digits permuted); {CONTROL}: the MS "
+        "problems with clean labels. Pretraining EM on T per seed: "
+        + ", ".join(f"{s}: {r['pretrain']['T_eval']['exact_match']:.3f}" for s, r in result["per_seed"].items())
+        + ".",
     ]
-    for arm in ["base", *OBJECTIVES]:
-        cells = [fmt(agg[s][arm][k]) for s in SETS for k in ("exact_match", "mean_p")]
-        out.append(f"| {arm if arm != 'base' else 'base (no SFT)'} | " + " | ".join(cells) + " |")
-    out += ["", "Base-model probe on each SFT set (values: mean over seeds):", "",
-            "| set | base median p | base P20 | P20 threshold | auto decision per seed | spec rule (P20 ≥ 0.3) |",
-            "|---|---|---|---|---|---|"]
-    for name in SETS:
-        out.append(f"| {name} | {fmt_probe(probes, name, 'median')} | {fmt_probe(probes, name, 'p20')} | "
-                   f"{fmt_probe(probes, name, 'threshold_p20')} | {regimes(probes, name)} | "
-                   f"{regimes(probes, name, 'decision_with_spec_p20_guard')} |")
-    control = ", ".join(f"{arm} EM {fmt(agg[CONTROL][arm]['exact_match'])}" for arm in CONTROL_ARMS)
-    out += ["", f"Post-hoc control (MS problems, clean labels; not part of the criterion): {control}.", "",
-            "Pass criterion (means over seeds; seeds meeting the check on their own in brackets):", ""]
-    out += [f"- {'PASS' if ok else 'FAIL'}: `{text}` ({crit['seeds_meeting_check'][text]} seeds)"
-            for text, ok in crit["checks"].items()]
-    out += ["", interpretation(result), "", "Rerun:", "", f"```\n{result['command']}\n```", ""]
+    for part, label in (("report", "Report seeds"), ("calibration", "Calibration seeds")):
+        a = agg[part]
+        out += [
+            "",
+            f"## {label} {agg[part + '_seeds']}",
+            "",
+            f"| objective | MS EM | MS mean p | MW EM | MW mean p | {CONTROL} EM |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm in ["base", *OBJECTIVES]:
+            cells = [fmt(a[s][arm][k]) for s in SETS for k in ("exact_match", "mean_p")]
+            clean = fmt(a[CONTROL][arm]["exact_match"]) if arm in a[CONTROL] else "–"
+            out.append(f"| {arm if arm != 'base' else 'base (no SFT)'} | " + " | ".join(cells) + f" | {clean} |")
+    cal = agg["rule_calibration"]
+    out += [
+        "",
+        "## The `auto` rule",
+        "",
+        f"Calibration (seeds {cal['seeds']}): correct decisions per P20 guard "
+        + ", ".join(f"{g}: {v}/{cal['cases']}" for g, v in cal["correct"].items())
+        + f"; kept strong_p20 = {cal['strong_p20']:g}.",
+        "",
+        "| rule (report seeds) | set | picks per seed | mean EM of picks | best of nll / -p | seeds correct |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in ("calibrated", "shipped"):
+        for name, r in agg[f"{key}_rule_on_report"].items():
+            out.append(
+                f"| {key} | {name} | {', '.join(r['picks'])} | {r['picked_em']:.3f} | {r['best_em']:.3f} | "
+                f"{r['seeds_ok']}/{len(r['picks'])} |"
+            )
+    out += [
+        "",
+        "Base-model probe on each SFT set (all seeds; values: mean over seeds):",
+        "",
+        "| set | base median p | base P20 | auto decision per seed | original rule (P20 ≥ 0.3) |",
+        "|---|---|---|---|---|",
+    ]
+    for name in RULE_SETS:
+        out.append(
+            f"| {name} | {fmt_probe(probes, name, 'median')} | {fmt_probe(probes, name, 'p20')} | "
+            f"{regimes(probes, name)} | {regimes(probes, name, 'decision_with_original_p20_guard')} |"
+        )
+    out += ["", "## Interpretation", "", interpretation(result)]
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# main
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(HERE / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (quick: 0)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one seed (smoke test, < 60 s)")
-    parser.add_argument("--cache_dir", default=str(HERE / "cache"), help="pretrained checkpoints per seed")
-    return parser.parse_args(argv)
-
-
-def quiet() -> None:
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message=".*sft_objective='auto'.*")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    cfg = QUICK if args.quick else Config()
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    quiet()
-    start = time.time()
-    per_seed = {seed: run_seed(seed, cfg, Path(args.cache_dir)) for seed in seeds}
-    agg = aggregate(per_seed)
-    probes = probe_summary(per_seed)
-    crit = criteria(agg)
-    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/sft_capability_continuum.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    result = {
-        "experiment": "E-A1 capability continuum",
-        "config": {**asdict(cfg), "quick": args.quick, "seeds": seeds, "objectives": OBJECTIVES,
-                   "torch_threads": torch.get_num_threads()},
-        "per_seed": {str(s): r for s, r in per_seed.items()},
-        "aggregate": agg,
-        "probe": probes,
-        "criteria": crit,
-        "wall_s": round(time.time() - start, 1),
-        "command": command.strip(),
-    }
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=2, default=str))
-    plot(agg, out / f"{NAME}.png", f"E-A1 capability continuum (seeds {seeds})")
-    (out / f"{NAME}.md").write_text(markdown(result))
-    for text, ok in crit["checks"].items():
-        print(f"{'PASS' if ok else 'FAIL'}: {text}")
-    print(f"wall time {result['wall_s']} s; results in {out}")
-    return result
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="E-A1 capability continuum (CPU, tiny model)",
+    claim="Prior-leaning SFT objectives (-p, -p^10) are at least as good as NLL where the model is strong and far "
+    "worse where it is weak; hf_stable's `auto` rule, calibrated on seeds 0-2, picks well on seeds 3-5 and on clean "
+    "high-median data (Beyond Log Likelihood, arXiv 2510.00526).",
+    sizes=Config(),
+    quick_sizes=QUICK,
+    run_seed=run_seed,
+    aggregate=aggregate,
+    criteria=criteria,
+    plot=lambda result, path: plot(
+        result["aggregate"]["report"],
+        path,
+        f"E-A1 capability continuum (report seeds {result['aggregate']['report_seeds']})",
+    ),
+    markdown=markdown,
+    config={"objectives": OBJECTIVES, "calibration_seeds": CALIBRATION_SEEDS, "guard_grid": GUARD_GRID},
+    default_seeds=(0, 1, 2, 3, 4, 5),
+    script=__file__,
+)
 
 
 if __name__ == "__main__":
-    main()
+    run(EXPERIMENT)

@@ -1,6 +1,7 @@
 """Every experiment result has the harness's schema; the harness writes it, caches seeds, reruns on code changes."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,10 +21,10 @@ def toy_experiment(calls: list, script: str) -> "_harness.Experiment":
         calls.append(seed)
         return {"score": seed * sizes["scale"]}
 
-    def aggregate(per_seed):
+    def aggregate(per_seed, sizes):
         return {"score": _harness.mean_std([r["score"] for r in per_seed.values()])}
 
-    def criteria(per_seed, agg):
+    def criteria(per_seed, agg, sizes):
         return {
             "a": _harness.criterion(
                 "mean score ≥ 1",
@@ -71,10 +72,37 @@ def test_harness_writes_schema_and_caches(tmp_path, monkeypatch):
     assert calls == [0, 1, 2] and again["cached_seeds"] == [0, 1, 2]
     assert again["per_seed"] == result["per_seed"]
 
-    script.write_text("x = 2\n")  # a code change invalidates the cache
+    script.write_text("x = 2\n")  # a change to the script invalidates its cache
     _harness.run(exp, ["--out", str(tmp_path / "out"), "--seeds", "0"])
     assert calls == [0, 1, 2, 0]
 
     quick = _harness.run(exp, ["--out", str(tmp_path / "q"), "--quick", "--no_cache"])
     assert quick["config"]["seeds"] == [0] and quick["config"]["sizes"] == {"scale": 0.5}
     assert quick["passed"] is False and "--quick" in quick["command"]
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)
+def test_committed_result_has_the_shared_schema(path):
+    """Every committed result (every stream's) carries the harness's keys, a verdict that agrees with its criteria,
+    and the commit of the clean code that produced it."""
+    data = json.loads(path.read_text())
+    missing = [key for key in _harness.SCHEMA_KEYS if key not in data]
+    assert not missing, f"{path.name} lacks {missing}"
+    assert isinstance(data["claim"], str) and data["claim"].strip()
+    assert isinstance(data["criteria"], dict) and data["criteria"]
+    assert all(isinstance(c, dict) and isinstance(c.get("passed"), bool) for c in data["criteria"].values())
+    assert data["passed"] is all(c["passed"] for c in data["criteria"].values())
+    assert isinstance(data["per_seed"], dict) and data["per_seed"]
+    assert isinstance(data["aggregate"], dict) and data["aggregate"]
+    assert isinstance(data["wall_s"], (int, float)) and data["wall_s"] >= 0
+    assert re.fullmatch(r"[0-9a-f]{7,40}", data["git_commit"]), f"not from committed code: {data['git_commit']}"
+    assert not data.get("config", {}).get("quick"), "a --quick smoke result is committed"
+
+
+def test_every_script_writes_its_committed_result():
+    """Each experiment script has its committed JSON, and no committed JSON lacks a script."""
+    scripts = {p.stem for p in EXPERIMENTS.glob("*.py") if not p.name.startswith("_")}
+    results = {p.stem for p in RESULT_FILES}
+    assert scripts - results == set(), f"scripts without a committed result: {sorted(scripts - results)}"
+    extra = {r for r in results if not any(r == s or r.startswith(f"{s}_") for s in scripts)}
+    assert extra == set(), f"results without a script: {sorted(extra)}"
