@@ -33,7 +33,8 @@ class StableSFTConfig(TokenFreeConfigMixin, StabilityConfigMixin, SFTConfig):
             Per-token objective (Li et al., "Beyond Log Likelihood", arXiv 2510.00526): `"nll"` (`-log p`),
             `"prob_power"` (`(1-p^α)/α`), `"threshold"` (a thresholded variant, see `threshold_kind`) or `"auto"`
             (probe the base model's token probabilities on the training data and pick `prob_power` with α=1 in the
-            model-strong regime, `nll` otherwise; hf_stable's rule, experimental).
+            model-strong regime, `nll` otherwise; hf_stable's heuristic, which failed its out-of-sample check: see
+            docs/sft.md).
         sequence_objective (`str`, *optional*):
             `"redi"` (REDI, arXiv 2505.24850): `-c⁺·ℓ̄(y⁺) + α·ℓ̄(y⁻)` with `ℓ̄` the length-normalised
             log-likelihood. The dataset has `prompt`/`chosen`/`rejected` columns (pairs) or
