@@ -38,7 +38,7 @@ def reduced():
     return make_tinytofu(seed=0, reduced=True)
 
 
-def test_split_sizes_match_the_spec(data):
+def test_split_sizes(data):
     sizes = {name: len(split) for name, split in data.splits.items()}
     assert sizes == {
         "forget": 160,  # 20 authors x 4 facts x 2 templates
