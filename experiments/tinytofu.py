@@ -339,7 +339,7 @@ def load_seed(seed: int, quick: bool):
 
 
 def evaluate(model, data, oracle, hp0: float, oracle_relearn: dict | None = None) -> dict:
-    """All the benchmark metrics of ``model``; the oracle's relearning numbers are computed once per seed and reused."""
+    """Every benchmark metric of ``model``; the oracle's relearning numbers are computed once per seed and reused."""
     from hf_stable.evaluation.unlearning import evaluate_unlearning, relearn_attack
 
     report = evaluate_unlearning(
