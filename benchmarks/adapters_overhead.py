@@ -1,40 +1,68 @@
-"""Step time and training memory of MAP and sine adapters against PEFT's LoRA and DoRA at equal rank, in one run.
+"""Step time and training memory of MAP and sine adapters against PEFT's LoRA and DoRA at equal rank, measured side by
+side in one run.
 
-    python benchmarks/adapters_overhead.py [--steps 20] [--repeats 3] [--hidden 256] [--rank 8]
+Setup: a Llama-architecture model built from config (`--hidden`, 4 layers, character tokenizer), adapters of rank
+`--rank` on every linear layer (sine also with the reference's MLP-only placement, against PEFT LoRA on the same
+layers), one fixed batch of `--batch_size` × `--seq_len` random tokens for every arm, AdamW, fp32, one CPU thread. A
+plain loop (forward, backward, AdamW step) isolates the adapter's cost from trainer overhead. One step of PEFT LoRA
+takes ≥ 100 ms of CPU (printed and stored).
 
-Same tiny Llama, data and seed for every row, adapters on every linear layer (sine: the reference's MLP-only
-placement as a second row). A plain loop (forward, backward, AdamW step) isolates the adapter's cost from trainer
-overhead; rows are interleaved and repeated so background load hits them alike. Reported per row: median ms per step,
-and training memory = bytes saved for backward in one forward (counted exactly with `saved_tensors_hooks`, shared
-storages once) + trainable parameters with their gradients and two AdamW moments. Ratios are against PEFT LoRA.
+Training memory = bytes saved for backward in one forward (counted exactly with `saved_tensors_hooks`, each storage
+once) + the trainable parameters with their gradients and two AdamW moments; it is deterministic, so measured once per
+arm.
+
+Protocol and clocks: `benchmarks/_paired.py`, ratios against PEFT LoRA on all linear layers (the docs quote CPU
+time: the machine is shared, see there).
+
+    OMP_NUM_THREADS=1 python benchmarks/adapters_overhead.py            # the committed run
+    OMP_NUM_THREADS=1 python benchmarks/adapters_overhead.py --quick --output_dir /tmp/x    # smoke
 """
 
-import argparse
-import statistics
+from __future__ import annotations
+
+import sys
 import time
 
-import torch
-from peft import LoraConfig, get_peft_model
-
-from hf_stable.adapters import StableLoraConfig
-from hf_stable.testing import build_tiny_model
+from _paired import StepClock, check_args, parser, quiet, report, run_paired, select_arms, summarise
 
 
 MLP = ["gate_proj", "up_proj", "down_proj"]
-ROWS = {
-    "PEFT LoRA": lambda r: LoraConfig(r=r, target_modules="all-linear"),
-    "PEFT DoRA": lambda r: LoraConfig(r=r, target_modules="all-linear", use_dora=True),
-    "hf_stable MAP": lambda r: StableLoraConfig(r=r, target_modules="all-linear", use_map=True),
-    "hf_stable sine": lambda r: StableLoraConfig(r=r, target_modules="all-linear", use_sine=True),
-    "hf_stable sine (MLP only)": lambda r: StableLoraConfig(r=r, target_modules=MLP, use_sine=True),
-    "PEFT LoRA (MLP only)": lambda r: LoraConfig(r=r, target_modules=MLP),
+ARMS = ("lora", "dora", "map", "sine", "sine_mlp", "lora_mlp")
+BASELINE = "lora"
+LABELS = {
+    "lora": "PEFT LoRA (all linear)",
+    "dora": "PEFT DoRA",
+    "map": "hf_stable MAP",
+    "sine": "hf_stable sine",
+    "sine_mlp": "hf_stable sine (MLP only)",
+    "lora_mlp": "PEFT LoRA (MLP only)",
 }
 
 
-def build(name, hidden, rank):
-    model, _ = build_tiny_model(seed=0, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4)
+def adapter_config(arm, rank):
+    from peft import LoraConfig
+
+    from hf_stable.adapters import StableLoraConfig
+
+    return {
+        "lora": lambda: LoraConfig(r=rank, target_modules="all-linear"),
+        "dora": lambda: LoraConfig(r=rank, target_modules="all-linear", use_dora=True),
+        "map": lambda: StableLoraConfig(r=rank, target_modules="all-linear", use_map=True),
+        "sine": lambda: StableLoraConfig(r=rank, target_modules="all-linear", use_sine=True),
+        "sine_mlp": lambda: StableLoraConfig(r=rank, target_modules=MLP, use_sine=True),
+        "lora_mlp": lambda: LoraConfig(r=rank, target_modules=MLP),
+    }[arm]()
+
+
+def build(arm, cli):
+    import torch
+    from peft import get_peft_model
+
+    from hf_stable.testing import build_tiny_model
+
+    model, _ = build_tiny_model(seed=0, hidden_size=cli.hidden, intermediate_size=2 * cli.hidden, num_hidden_layers=4)
     torch.manual_seed(0)
-    model = get_peft_model(model, ROWS[name](rank))
+    model = get_peft_model(model, adapter_config(arm, cli.rank))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     return model, torch.optim.AdamW(params, lr=1e-4), params
@@ -42,6 +70,8 @@ def build(name, hidden, rank):
 
 def saved_bytes(model, batch):
     """Bytes of the tensors autograd keeps for backward over one forward, each storage counted once."""
+    import torch
+
     seen = {}
 
     def pack(t):
@@ -56,51 +86,79 @@ def saved_bytes(model, batch):
     return sum(seen.values())
 
 
-def time_steps(model, optimizer, batch, steps):
-    for step in range(steps + 2):  # two warm-up steps
-        if step == 2:
-            start = time.perf_counter()
+def memory(arm, cli, batch):
+    model, _, params = build(arm, cli)
+    state = sum(p.numel() * p.element_size() for p in params) * 4  # weights, grads, 2 AdamW moments
+    return {"training_bytes": saved_bytes(model, batch) + state, "trainable": sum(p.numel() for p in params)}
+
+
+def run_arm(arm, cli, batch):
+    model, optimizer, _ = build(arm, cli)
+    clock = StepClock()
+    clock.stamp()
+    for _ in range(cli.warmup + cli.steps):
         model(input_ids=batch, labels=batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return 1000 * (time.perf_counter() - start) / steps
+        clock.stamp()
+    return clock.summary(cli.warmup)
 
 
-def main(steps, repeats, hidden, rank, batch_size, seq_len):
-    torch.set_num_threads(1)
-    vocab = build_tiny_model(seed=0, hidden_size=hidden)[0].config.vocab_size
-    batch = torch.randint(3, vocab, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
-    times = {name: [] for name in ROWS}
-    memory, trainable = {}, {}
-    for _ in range(repeats):
-        for name in ROWS:
-            model, optimizer, params = build(name, hidden, rank)
-            if name not in memory:
-                state = sum(p.numel() * p.element_size() for p in params) * 4  # weights, grads, 2 AdamW moments
-                memory[name] = saved_bytes(model, batch) + state
-                trainable[name] = sum(p.numel() for p in params)
-            times[name].append(time_steps(model, optimizer, batch, steps))
-    base_t, base_m = statistics.median(times["PEFT LoRA"]), memory["PEFT LoRA"]
-    print(
-        f"tiny Llama hidden {hidden}, 4 layers, rank {rank}, batch {batch_size}x{seq_len}, {steps} steps x "
-        f"{repeats} interleaved repeats, 1 thread\n"
+def main(argv=None):
+    p = parser(__doc__.splitlines()[0], repeats=8, steps=8, warmup=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--batch_size", type=int, default=12)
+    p.add_argument("--seq_len", type=int, default=64)
+    cli = p.parse_args(argv)
+    if cli.quick:
+        cli.repeats, cli.steps, cli.warmup, cli.hidden, cli.batch_size, cli.seq_len = 2, 2, 1, 32, 2, 8
+    check_args(cli)
+    quiet()
+    import torch
+
+    from hf_stable.testing import build_tiny_tokenizer
+
+    started = time.time()
+    vocab = len(build_tiny_tokenizer())
+    batch = torch.randint(3, vocab, (cli.batch_size, cli.seq_len), generator=torch.Generator().manual_seed(0))
+    arms = select_arms(cli, ARMS, BASELINE)
+    mem = {arm: memory(arm, cli, batch) for arm in arms}
+    per_repeat = run_paired(
+        arms, lambda arm: run_arm(arm, cli, batch), repeats=cli.repeats, baseline=BASELINE, seed=cli.seed
     )
-    print(f"{'adapter':<27} {'trainable':>10} {'ms/step':>8} {'time':>6} {'memory MB':>10} {'memory':>7}")
-    for name in ROWS:
-        t = statistics.median(times[name])
-        print(
-            f"{name:<27} {trainable[name]:>10,} {t:>8.1f} {t / base_t:>5.2f}x {memory[name] / 2**20:>10.1f} "
-            f"{memory[name] / base_m:>6.2f}x"
-        )
+    table = summarise(per_repeat, arms, BASELINE)
+    for arm in arms:
+        mem[arm]["ratio_vs_lora"] = mem[arm]["training_bytes"] / mem[BASELINE]["training_bytes"]
+    setup = {
+        "model": f"Llama hidden {cli.hidden}, 4 layers, intermediate {2 * cli.hidden}, vocab {vocab}",
+        "adapters": f"rank {cli.rank}; all linear layers unless the arm says MLP only",
+        "batch": f"{cli.batch_size} x {cli.seq_len} random tokens, the same for every arm",
+        "optimizer": "AdamW lr 1e-4, fp32, plain loop",
+        "labels": LABELS,
+    }
+    columns = {
+        "trainable": lambda a: f"{mem[a]['trainable']:,}",
+        "training memory vs lora": lambda a: (
+            f"{mem[a]['ratio_vs_lora']:.2f} ({mem[a]['training_bytes'] / 2**20:.1f} MiB)"
+        ),
+    }
+    notes = ["Arms: " + "; ".join(f"`{a}` {label}" for a, label in LABELS.items()) + "."]
+    return report(
+        "adapters_overhead",
+        cli,
+        setup=setup,
+        table=table,
+        per_repeat=per_repeat,
+        arms=arms,
+        baseline=BASELINE,
+        targets={},
+        started=started,
+        notes=notes,
+        extra_columns=columns,
+        extra={"memory": mem},
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=64)
-    args = parser.parse_args()
-    main(args.steps, args.repeats, args.hidden, args.rank, args.batch_size, args.seq_len)
+    sys.exit(0 if main() else 1)

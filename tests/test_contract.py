@@ -59,7 +59,8 @@ def trained(tmp_path_factory):
 def test_fused_lm_head_outputs(trained):
     """`trl.trainer.utils.add_fused_lm_head`: `model(..., fused_lm_head=True)` returns per-target log-probs etc."""
     batch = trained._prepare_inputs(trained.data_collator([trained.train_dataset[i] for i in range(3)]))
-    out = trained.model(**batch, fused_lm_head=True)
+    with trained.fused_forward():  # StableSFTTrainer hands back the model's own forward after training
+        out = trained.model(**batch, fused_lm_head=True)
     for field in ("log_probs", "entropy", "is_top1", "label_mask"):
         _contract("FusedCausalLMOutput", getattr(out, field, None) is not None, f"missing field {field!r}")
     targets = batch["labels"][:, 1:] != -100
@@ -279,6 +280,7 @@ def test_peft_from_peft_type_is_wrapped():
     from hf_stable.adapters import StableLoraConfig
 
     _contract("PeftConfigMixin.from_peft_type", getattr(PeftConfigMixin.from_peft_type, "_hf_stable", False))
+    _contract("PeftConfigMixin._get_peft_type", getattr(PeftConfigMixin._get_peft_type, "_hf_stable", False))
     config = PeftConfigMixin.from_peft_type(peft_type="LORA", r=2, target_modules=["q_proj"], use_map=True)
     _contract("PeftConfigMixin.from_peft_type(**saved)", isinstance(config, StableLoraConfig) and config.use_map)
 

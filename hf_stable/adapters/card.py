@@ -8,7 +8,7 @@ from ..papers import PAPERS
 def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
     """`(papers, method lines, settings, tags)` for the PEFT adapters on ``model`` (all empty without adapters).
 
-    MAP and sine adapters are flagged as needing hf_stable to load: stock PEFT would read them as plain LoRA.
+    MAP and sine adapters are flagged as needing hf_stable to load: stock PEFT refuses them (their saved `peft_type`).
     """
     papers, lines, settings, tags = [], [], {}, []
     for name, config in (getattr(model, "peft_config", None) or {}).items():
@@ -33,8 +33,9 @@ def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
         if variant is not None:
             lines.append(
                 "Loading it needs hf_stable (`pip install hf-stable`, then `import hf_stable` before "
-                "`PeftModel.from_pretrained`, or `hf_stable.adapters.load_adapter`): stock PEFT would read it as "
-                "plain LoRA. `hf_stable.adapters.merge_and_export` writes a merged model that needs nothing extra."
+                "`PeftModel.from_pretrained`, or `hf_stable.adapters.load_adapter`): stock PEFT refuses it (its "
+                "`peft_type` names hf_stable). `hf_stable.adapters.merge_and_export` writes a merged model that needs "
+                "nothing extra."
             )
         settings[name] = entry
     return list(dict.fromkeys(papers)), lines, ({"adapters": settings} if settings else {}), tags

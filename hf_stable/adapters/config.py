@@ -9,10 +9,24 @@ from dataclasses import dataclass, field
 
 from peft import LoraConfig
 
-from .._peft_hook import ADAPTER_VARIANTS, VARIANT_KEYS
+from .._peft_hook import ADAPTER_VARIANTS, PEFT_TYPE, SAVED_PEFT_TYPE, VARIANT_KEYS
 
 
 MAP_SCALE_WARNING = "have no effect under MAP"
+# `init_lora_weights` values MAP and sine accept: they leave the base weight alone and give the base model at step 0
+BASE_PRESERVING_INITS = (True, False, "gaussian", "orthogonal")
+# why the others are refused, by the value (or prefix) PEFT dispatches on (`peft/tuners/lora/layer.py: update_layer`)
+_STEP0 = "so the model at step 0 would not be the base model"
+REFUSED_INITS = {
+    "pissa": f"PiSSA subtracts its initial update from the base weight (W0 - BA), {_STEP0}",
+    "olora": f"OLoRA subtracts its initial update from the base weight (W0 - BA), {_STEP0}",
+    "corda": f"CorDA subtracts its initial update from the base weight (W0 - BA), {_STEP0}",
+    "lora_ga": f"LoRA-GA subtracts its initial update from the base weight (W0 - BA), {_STEP0}",
+    "loftq": f"LoftQ replaces the base weight by a quantised residual, {_STEP0}",
+    "eva": "EVA sets A from activations after construction and redistributes ranks, which the variant's layer state "
+    "does not follow",
+    "mica": "MiCA is a PEFT variant of its own (B frozen)",
+}
 
 
 @dataclass
@@ -47,8 +61,10 @@ class StableLoraConfig(LoraConfig):
     hf_stable_version: str | None = field(default=None, metadata={"help": "Set on save; marks hf_stable adapters."})
 
     def __post_init__(self):
+        self._check_init()  # before PEFT's own checks, so that e.g. LoftQ is refused for what it does to the base
         super().__post_init__()
         self._validate_values()
+        self._refuse_inert_settings()
         variant = self.hf_stable_variant
         if self.use_map and self.use_sine:
             raise ValueError("`use_map` and `use_sine` cannot be combined; choose one variant.")
@@ -70,6 +86,37 @@ class StableLoraConfig(LoraConfig):
             from .layers import custom_modules
 
             self._register_custom_module(custom_modules())
+
+    def _check_init(self) -> None:
+        """MAP keeps W0 and reads ‖W0‖ from it, and sine adds a bounded term to it: an init that rewrites the base
+        weight makes the step-0 model differ from the base (measured: 1e-2 logit error with PiSSA) and the saved
+        adapter apply to a base nobody has."""
+        variant, init = self.hf_stable_variant, self.init_lora_weights
+        if variant is None or any(init is v or (isinstance(init, str) and init == v) for v in BASE_PRESERVING_INITS):
+            return
+        key = init.lower() if isinstance(init, str) else init
+        reason = next(
+            (why for name, why in REFUSED_INITS.items() if isinstance(key, str) and key.startswith(name)), None
+        )
+        allowed = ", ".join(repr(v) for v in BASE_PRESERVING_INITS)
+        raise ValueError(
+            f"`init_lora_weights`={init!r} cannot be used with `use_{variant}`"
+            + (f": {reason}" if reason else "")
+            + f". Allowed with `use_{variant}`: {allowed}."
+        )
+
+    def _refuse_inert_settings(self) -> None:
+        """A variant's settings (the fields named `<variant>_...`) act only with that variant switched on."""
+        for name, key in ADAPTER_VARIANTS.items():
+            if getattr(self, key):
+                continue
+            for setting in variant_settings(name):
+                value, default = getattr(self, setting.name), setting.default
+                if value != default:
+                    raise ValueError(
+                        f"`{setting.name}`={value!r} only acts with `{key}=True`, which is off: set `{key}=True` "
+                        f"or leave `{setting.name}` at its default {default!r}."
+                    )
 
     def _validate_values(self) -> None:
         # `not x > 0` also catches NaN
@@ -94,6 +141,9 @@ class StableLoraConfig(LoraConfig):
             from .. import __version__
 
             values["hf_stable_version"] = __version__
+            # a `peft_type` stock PEFT does not know: without hf_stable the load fails loudly instead of silently
+            # building plain LoRA (see `hf_stable._peft_hook`)
+            values["peft_type"] = SAVED_PEFT_TYPE
         return values
 
     @classmethod
@@ -108,11 +158,19 @@ class StableLoraConfig(LoraConfig):
             )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=f".*{MAP_SCALE_WARNING}")
-            return cls(**{k: v for k, v in values.items() if k in known})
+            kwargs = {k: v for k, v in values.items() if k in known}
+            if kwargs.get("peft_type") == SAVED_PEFT_TYPE:
+                kwargs["peft_type"] = PEFT_TYPE
+            return cls(**kwargs)
 
     @property
     def hf_stable_variant(self) -> str | None:
         return next((name for name, key in ADAPTER_VARIANTS.items() if getattr(self, key)), None)
+
+
+def variant_settings(variant: str) -> list[dataclasses.Field]:
+    """The `StableLoraConfig` fields of one variant (`"map"`, `"sine"`): those named `<variant>_...`."""
+    return [f for f in dataclasses.fields(StableLoraConfig) if f.name.startswith(f"{variant}_")]
 
 
 def _finite(value) -> bool:

@@ -1,9 +1,9 @@
 """Loading, checking and exporting hf_stable adapters.
 
 `load_adapter` restores MAP and sine layers exactly (and TFB sampling when the folder has it). After `import
-hf_stable`, `PeftModel.from_pretrained` / `AutoPeftModelForCausalLM` load them correctly too (see
-`hf_stable._peft_hook`); without hf_stable, stock PEFT would silently load plain LoRA — `check_adapter` says what a
-folder needs.
+hf_stable`, `PeftModel.from_pretrained` / `AutoPeftModelForCausalLM` load them correctly too; without hf_stable,
+stock PEFT refuses them (their saved `peft_type` is unknown to it, see `hf_stable._peft_hook`). `check_adapter` says
+what a folder needs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import shutil
 
 import torch
 
-from .._peft_hook import ADAPTER_VARIANTS, VARIANT_KEYS
+from .._peft_hook import ADAPTER_VARIANTS, is_hf_stable_config
 
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,9 @@ def check_adapter(path: str) -> dict:
     """Which hf_stable variants an adapter folder needs.
 
     Returns:
-        `dict` with ``variants`` (subset of ``"map"``, ``"sine"``, ``"tfb"``), ``needs_hf_stable`` (whether stock PEFT
-        would load it wrongly), ``hf_stable_version`` (that saved it) and ``peft_type``.
+        `dict` with ``variants`` (subset of ``"map"``, ``"sine"``, ``"tfb"``), ``needs_hf_stable`` (whether loading it
+        needs hf_stable: stock PEFT refuses MAP/sine folders and ignores the TFB sidecar), ``hf_stable_version`` (that
+        saved it) and ``peft_type`` (as saved: `hf_stable._peft_hook.SAVED_PEFT_TYPE` for MAP/sine).
     """
     config = _read_config(path)
     variants = [name for name, key in ADAPTER_VARIANTS.items() if config.get(key)]
@@ -45,7 +46,7 @@ def check_adapter(path: str) -> dict:
         variants.append("tfb")
     return {
         "variants": variants,
-        "needs_hf_stable": bool(variants),
+        "needs_hf_stable": bool(variants) or is_hf_stable_config(config),
         "hf_stable_version": config.get("hf_stable_version"),
         "peft_type": config.get("peft_type"),
     }
@@ -61,7 +62,7 @@ def load_adapter(base_model, path: str, adapter_name: str = "default", is_traina
     config = kwargs.pop("config", None)
     if config is None:
         saved = _read_config(path)
-        if any(saved.get(key) for key in VARIANT_KEYS):
+        if is_hf_stable_config(saved):
             config = StableLoraConfig.from_saved_dict(saved)
         else:
             config = PeftConfig.from_pretrained(path)

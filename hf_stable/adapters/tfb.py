@@ -35,6 +35,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .._validation import check_bool
+
 
 TFB_FILE = "hf_stable_tfb.json"
 NOISE_KINDS = ("flipout_token", "weight_per_sequence")
@@ -325,6 +327,7 @@ def tfb_bayesianize(
     noise: str = "flipout_token",
     seed: int = 0,
     reference_quirks: bool = False,
+    allow_uncertified: bool = False,
 ) -> dict:
     """Find the largest σ whose posterior predictions stay within ``budget`` on anchor data, and install the sampler
     as ``model.tfb_sampler`` (TFB, Shi et al., arXiv 2412.05723; the reference's `TFBLoRA.fit`).
@@ -337,10 +340,12 @@ def tfb_bayesianize(
     * ``"nll"``: `|NLL_σ − NLL_0| / NLL_0`, NLL the mean of `−log p(y*)` over the positions (`/ N` more with
       ``reference_quirks``, N = number of positions).
 
-    Search: σ_hi is checked first; if it does not violate the budget it is returned (with a warning). Otherwise
-    ``iters`` bisection steps on `[0, σ_hi]` give `low`; the result σ then satisfies `criterion(σ) ≤ budget <
-    criterion(2σ)` by construction (σ is halved further if every probe violated, doubled while `2σ` still satisfies
-    a non-monotone criterion). With ``reference_quirks=True`` it is the smallest violating σ probed, else σ_hi.
+    Search: ``iters`` bisection steps on `[0, σ_hi]` give `low` (halved further if every probe violated, doubled while
+    `2σ` still satisfies a non-monotone criterion). The result is *certified* when `criterion(σ) ≤ budget <
+    criterion(2σ)`. An uncertified σ raises a `ValueError` unless ``allow_uncertified=True`` (then it is returned
+    with a warning and ``certified=False``): σ_hi itself when nothing up to it violates the budget, or a σ whose
+    doubling never violated it. With ``reference_quirks=True`` the result is the smallest violating σ probed (σ_hi if
+    none), which is uncertified by construction, so it needs ``allow_uncertified=True`` as well.
 
     Args:
         model: a `PeftModel` with a trained plain-LoRA adapter.
@@ -356,11 +361,13 @@ def tfb_bayesianize(
         seed (`int`): the noise uses a private generator reset to ``seed`` at every evaluation of the criterion
             (common random numbers across σ); the installed sampler then uses the global RNG.
         reference_quirks (`bool`): reproduce the reference code (see the module docstring).
+        allow_uncertified (`bool`): return a σ without the certificate `criterion(σ) ≤ budget < criterion(2σ)`
+            instead of raising.
 
     Returns:
         `dict` with ``sigma`` (installed as `model.tfb_sampler`), ``sigma_hi``, ``criterion`` at σ and
-        ``criterion_at_2sigma``, ``budget``, ``metric``, ``noise``, ``n_anchor`` (positions) and ``history`` of
-        `(σ, criterion)` in evaluation order.
+        ``criterion_at_2sigma``, ``certified``, ``budget``, ``metric``, ``noise``, ``n_anchor`` (positions) and
+        ``history`` of `(σ, criterion)` in evaluation order.
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}.")
@@ -374,6 +381,13 @@ def tfb_bayesianize(
         raise ValueError(f"n_samples must be an int >= 1, got {n_samples!r}.")
     if noise not in NOISE_KINDS:
         raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}.")
+    check_bool("reference_quirks", reference_quirks)
+    check_bool("allow_uncertified", allow_uncertified)
+    if reference_quirks and not allow_uncertified:
+        raise ValueError(
+            "`reference_quirks=True` returns the reference's σ, the smallest one probed that *violates* the budget: "
+            "it is uncertified by construction. Pass `allow_uncertified=True` as well to accept that."
+        )
     if not _lora_modules(model):  # also refuses MAP / DoRA / sine adapters
         raise ValueError("TFB needs a model with LoRA layers; none found.")
 
@@ -417,12 +431,6 @@ def tfb_bayesianize(
                     break
                 sigma_hi *= 2
         hi_violates = criterion(sigma_hi) > budget
-        if not hi_violates:
-            warnings.warn(
-                f"TFB: the {metric} criterion stays within the budget {budget} up to sigma_hi={sigma_hi:.4g}; "
-                "sigma_hi is returned. Pass a larger sigma_hi to search further.",
-                stacklevel=3,
-            )
 
         low, high, violator = 0.0, sigma_hi, None
         if reference_quirks or hi_violates:
@@ -448,11 +456,28 @@ def tfb_bayesianize(
                     break
                 low *= 2
             sigma = low
+        at_sigma = criterion(sigma) if sigma > 0 else 0.0
+        at_double = criterion(2 * sigma) if sigma > 0 else 0.0
+        certified = at_sigma <= budget < at_double
+        if not certified:
+            why = (
+                f"the {metric} criterion stays within the budget {budget} up to sigma_hi={sigma_hi:.4g} (returned)"
+                if not hi_violates and not reference_quirks
+                else f"criterion(σ={sigma:.4g}) = {at_sigma:.4g} and criterion(2σ) = {at_double:.4g} against the "
+                f"budget {budget}"
+            )
+            if not allow_uncertified:
+                raise ValueError(
+                    f"TFB found no certified σ (criterion(σ) <= budget < criterion(2σ)): {why}. Pass a larger "
+                    "`sigma_hi` to search further, or `allow_uncertified=True` to accept this σ."
+                )
+            warnings.warn(f"TFB: σ = {sigma:.4g} is uncertified: {why}.", stacklevel=3)
         result = {
             "sigma": sigma,
             "sigma_hi": sigma_hi,
-            "criterion": criterion(sigma) if sigma > 0 else 0.0,
-            "criterion_at_2sigma": criterion(2 * sigma) if sigma > 0 else 0.0,
+            "criterion": at_sigma,
+            "criterion_at_2sigma": at_double,
+            "certified": certified,
             "budget": budget,
             "metric": metric,
             "noise": noise,

@@ -44,8 +44,10 @@ def _refuse_zero3(model, who: str) -> None:
     from .. import distributed
 
     if distributed.is_zero3_partitioned(model):
-        raise ValueError(f"{who} does not support DeepSpeed ZeRO-3 partitioned weights (each matrix would have to be "
-                         "gathered); use ZeRO-1/2, FSDP2 or DDP.")
+        raise ValueError(
+            f"{who} does not support DeepSpeed ZeRO-3 partitioned weights (each matrix would have to be "
+            "gathered); use ZeRO-1/2, FSDP2 or DDP."
+        )
 
 
 def _full(weight: torch.Tensor) -> torch.Tensor:
@@ -97,18 +99,35 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
     Metrics: ``stable/srank/min``, ``stable/srank/median``, ``stable/srank/collapse`` (1 when any matrix alarms).
     """
 
-    def __init__(self, every: int = 100, targets: str = DEFAULT_TARGETS, power_iters: int = 8,
-                 effective_lora: bool = True, collapse_ratio: float = 0.5, drop_window: int = 5,
-                 log_per_matrix: bool = False, exact_below: int = 512, name: str = "srank"):
+    def __init__(
+        self,
+        every: int = 100,
+        targets: str = DEFAULT_TARGETS,
+        power_iters: int = 8,
+        effective_lora: bool = True,
+        collapse_ratio: float = 0.5,
+        drop_window: int = 5,
+        log_per_matrix: bool = False,
+        exact_below: int = 512,
+        name: str = "srank",
+    ):
         check_int("every", every, low=1)
         check_pattern("targets", targets, allow_none=False)
         check_int("power_iters", power_iters, low=1)
         check_number("collapse_ratio", collapse_ratio, low=0, high=1)
         check_int("drop_window", drop_window, low=1)
         check_int("exact_below", exact_below, low=1)
-        self._args = dict(every=every, targets=targets, power_iters=power_iters, effective_lora=effective_lora,
-                          collapse_ratio=collapse_ratio, drop_window=drop_window, log_per_matrix=log_per_matrix,
-                          exact_below=exact_below, name=name)
+        self._args = dict(
+            every=every,
+            targets=targets,
+            power_iters=power_iters,
+            effective_lora=effective_lora,
+            collapse_ratio=collapse_ratio,
+            drop_window=drop_window,
+            log_per_matrix=log_per_matrix,
+            exact_below=exact_below,
+            name=name,
+        )
         self.name = name
         self.every, self.targets, self.power_iters = every, targets, power_iters
         self.effective_lora, self.collapse_ratio, self.drop_window = effective_lora, collapse_ratio, drop_window
@@ -124,8 +143,11 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         return dict(self._args)
 
     def _export(self) -> dict:
-        return {"first": dict(self.first), "recent": {k: list(v) for k, v in self.recent.items()},
-                "measured_steps": list(self.measured_steps)}
+        return {
+            "first": dict(self.first),
+            "recent": {k: list(v) for k, v in self.recent.items()},
+            "measured_steps": list(self.measured_steps),
+        }
 
     def _import(self, payload: dict) -> None:
         self.first = {k: float(v) for k, v in payload.get("first", {}).items()}
@@ -151,8 +173,10 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if not self._self_restore(state) and not self.first:
             self._record(0, self.measure(model), state)
         if not self.first:
-            raise ValueError(f"StableRankMonitorCallback: `targets`={self.targets!r} matches no 2-D weight of "
-                             f"{type(model).__name__}.")
+            raise ValueError(
+                f"StableRankMonitorCallback: `targets`={self.targets!r} matches no 2-D weight of "
+                f"{type(model).__name__}."
+            )
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0:
@@ -171,8 +195,10 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
             del history[: -self.drop_window]
         if collapsed and state.is_world_process_zero:
             name, sr, first = min(collapsed, key=lambda c: c[1] / max(c[2], 1e-12))
-            logger.warning(f"StableRankMonitorCallback step {step}: stable rank collapsing in {len(collapsed)} "
-                           f"matrices (worst {name}: {sr:.3g}, first measured {first:.3g}).")
+            logger.warning(
+                f"StableRankMonitorCallback step {step}: stable rank collapsing in {len(collapsed)} "
+                f"matrices (worst {name}: {sr:.3g}, first measured {first:.3g})."
+            )
         ranks = list(values.values())
         self._pending = {
             "stable/srank/min": min(ranks),
@@ -201,9 +227,16 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
     Metrics: ``stable/msign/corrected`` (matrices corrected at the last period), ``stable/msign/min_srank`` (after).
     """
 
-    def __init__(self, period: int = 100, targets: str = DEFAULT_TARGETS, alpha: float = 1.0,
-                 trigger: str = "period", sr_threshold: float | None = None, method: str = "newton_schulz",
-                 name: str = "msign"):
+    def __init__(
+        self,
+        period: int = 100,
+        targets: str = DEFAULT_TARGETS,
+        alpha: float = 1.0,
+        trigger: str = "period",
+        sr_threshold: float | None = None,
+        method: str = "newton_schulz",
+        name: str = "msign",
+    ):
         check_int("period", period, low=1)
         check_pattern("targets", targets, allow_none=False)
         check_number("alpha", alpha, low=0, high=1, low_open=True)
@@ -211,12 +244,20 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
         check_number("sr_threshold", sr_threshold, low=1, allow_none=True)
         check_choice("method", method, ("newton_schulz", "svd"))
         if trigger == "stable_rank" and sr_threshold is None:
-            raise ValueError("`trigger='stable_rank'` needs `sr_threshold` (the stable rank below which a matrix is "
-                             "corrected).")
+            raise ValueError(
+                "`trigger='stable_rank'` needs `sr_threshold` (the stable rank below which a matrix is corrected)."
+            )
         if trigger == "period" and sr_threshold is not None:
             raise ValueError("`sr_threshold` is only read with `trigger='stable_rank'`.")
-        self._args = dict(period=period, targets=targets, alpha=alpha, trigger=trigger, sr_threshold=sr_threshold,
-                          method=method, name=name)
+        self._args = dict(
+            period=period,
+            targets=targets,
+            alpha=alpha,
+            trigger=trigger,
+            sr_threshold=sr_threshold,
+            method=method,
+            name=name,
+        )
         self.name = name
         self.period, self.targets, self.alpha = period, targets, alpha
         self.trigger, self.sr_threshold, self.method = trigger, sr_threshold, method
@@ -236,14 +277,22 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         _refuse_zero3(model, "MSignCallback")
         if any(hasattr(m, "lora_A") for m in model.modules()):
-            raise ValueError("MSignCallback corrects full weight matrices; with PEFT adapters the base weights are "
-                             "frozen. Monitor with StableRankMonitorCallback instead.")
+            raise ValueError(
+                "MSignCallback corrects full weight matrices; with PEFT adapters the base weights are "
+                "frozen. Monitor with StableRankMonitorCallback instead."
+            )
         self._self_restore(state)
         if self.alpha == 1.0 and getattr(getattr(model, "config", None), "_name_or_path", ""):
-            _warn_once(self, "pretrained", (
-                "MSignCallback(alpha=1.0) on a pretrained model: every correction replaces the learned singular "
-                "spectrum of the target matrices (all singular values made equal). It is meant for training from "
-                "scratch; use alpha < 1 or trigger='stable_rank' to limit it."), state)
+            _warn_once(
+                self,
+                "pretrained",
+                (
+                    "MSignCallback(alpha=1.0) on a pretrained model: every correction replaces the learned singular "
+                    "spectrum of the target matrices (all singular values made equal). It is meant for training from "
+                    "scratch; use alpha < 1 or trigger='stable_rank' to limit it."
+                ),
+                state,
+            )
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.period != 0:
@@ -302,9 +351,20 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
     Metrics: ``stable/drift/rdm_spearman``, ``stable/drift/cka`` (mean over ``layers``), ``stable/drift/alarm``.
     """
 
-    def __init__(self, probe_dataset=None, layers: tuple[int, ...] = (-1,), pooling: str = "mean", every: int = 100,
-                 n_probe: int = 128, distance: str = "cosine", reference: str = "initial",
-                 alarm_drift: float | None = None, alarm_z: float = 6.0, batch_size: int = 16, name: str = "drift"):
+    def __init__(
+        self,
+        probe_dataset=None,
+        layers: tuple[int, ...] = (-1,),
+        pooling: str = "mean",
+        every: int = 100,
+        n_probe: int = 128,
+        distance: str = "cosine",
+        reference: str = "initial",
+        alarm_drift: float | None = None,
+        alarm_z: float = 6.0,
+        batch_size: int = 16,
+        name: str = "drift",
+    ):
         check_choice("pooling", pooling, ("mean",))
         check_int("every", every, low=1)
         check_int("n_probe", n_probe, low=3)
@@ -316,11 +376,22 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if probe_dataset is not None:
             _PROBES[name] = probe_dataset
         elif name not in _PROBES:
-            raise ValueError("RepresentationDriftCallback needs `probe_dataset` (a list of strings or a dict of "
-                             "`input_ids`/`attention_mask` tensors).")
-        self._args = dict(layers=list(layers), pooling=pooling, every=every, n_probe=n_probe, distance=distance,
-                          reference=reference, alarm_drift=alarm_drift, alarm_z=alarm_z, batch_size=batch_size,
-                          name=name)
+            raise ValueError(
+                "RepresentationDriftCallback needs `probe_dataset` (a list of strings or a dict of "
+                "`input_ids`/`attention_mask` tensors)."
+            )
+        self._args = dict(
+            layers=list(layers),
+            pooling=pooling,
+            every=every,
+            n_probe=n_probe,
+            distance=distance,
+            reference=reference,
+            alarm_drift=alarm_drift,
+            alarm_z=alarm_z,
+            batch_size=batch_size,
+            name=name,
+        )
         self.name = name
         self.layers, self.every, self.n_probe = tuple(layers), every, n_probe
         self.distance, self.reference, self.alarm_drift, self.alarm_z = distance, reference, alarm_drift, alarm_z
@@ -350,8 +421,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 batch["attention_mask"] = torch.ones_like(batch["input_ids"])
         else:
             if processing_class is None:
-                raise ValueError("RepresentationDriftCallback: a list of strings needs the trainer's "
-                                 "`processing_class` to tokenize it; pass token tensors instead.")
+                raise ValueError(
+                    "RepresentationDriftCallback: a list of strings needs the trainer's "
+                    "`processing_class` to tokenize it; pass token tensors instead."
+                )
             batch = dict(processing_class(list(probe), return_tensors="pt", padding=True))
         return {k: batch[k][: self.n_probe] for k in ("input_ids", "attention_mask")}
 
@@ -365,8 +438,8 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
             with torch.no_grad():
                 n = self._batch["input_ids"].shape[0]
                 for start in range(0, n, self.batch_size):
-                    ids = self._batch["input_ids"][start:start + self.batch_size].to(device)
-                    mask = self._batch["attention_mask"][start:start + self.batch_size].to(device)
+                    ids = self._batch["input_ids"][start : start + self.batch_size].to(device)
+                    mask = self._batch["attention_mask"][start : start + self.batch_size].to(device)
                     hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
                     weights = mask.unsqueeze(-1).float()
                     for i, layer in enumerate(self.layers):
@@ -393,8 +466,13 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
             self._reference = [saved[f"layer{i}"] for i in range(len(self.layers))]
             return
         if state.global_step > 0 and self.reference == "initial":
-            _warn_once(self, "no_reference", f"RepresentationDriftCallback: {path} is missing; the drift is measured "
-                       "against the weights at resume instead of the initial ones.", state)
+            _warn_once(
+                self,
+                "no_reference",
+                f"RepresentationDriftCallback: {path} is missing; the drift is measured "
+                "against the weights at resume instead of the initial ones.",
+                state,
+            )
         self._reference = self.representations(model)
         if self.reference == "initial" and state.is_world_process_zero:
             from safetensors.torch import save_file
@@ -407,8 +485,9 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if state.global_step % self.every != 0:
             return
         current = self.representations(model)
-        rho = statistics.fmean(float(rdm_stability(r, c, self.distance)) for r, c in zip(self._reference, current,
-                                                                                           strict=True))
+        rho = statistics.fmean(
+            float(rdm_stability(r, c, self.distance)) for r, c in zip(self._reference, current, strict=True)
+        )
         cka = statistics.fmean(float(linear_cka(r, c)) for r, c in zip(self._reference, current, strict=True))
         drift = 1.0 - rho
         previous = 1.0 - self.history[-1][1] if self.history else 0.0
@@ -424,10 +503,11 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if self.reference == "previous":
             self._reference = current
         if alarm and state.is_world_process_zero:
-            logger.warning(f"RepresentationDriftCallback step {state.global_step}: representation drift "
-                           f"{drift:.3g} (RDM Spearman {rho:.3g}, CKA {cka:.3g}) jumped beyond its alarm.")
-        self._pending = {"stable/drift/rdm_spearman": rho, "stable/drift/cka": cka,
-                         "stable/drift/alarm": float(alarm)}
+            logger.warning(
+                f"RepresentationDriftCallback step {state.global_step}: representation drift "
+                f"{drift:.3g} (RDM Spearman {rho:.3g}, CKA {cka:.3g}) jumped beyond its alarm."
+            )
+        self._pending = {"stable/drift/rdm_spearman": rho, "stable/drift/cka": cka, "stable/drift/alarm": float(alarm)}
 
     def pop_pending_metrics(self) -> dict:
         pending, self._pending = self._pending, {}

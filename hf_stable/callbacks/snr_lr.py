@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from .._validation import boolean, check_pattern, number
 from ..papers import PAPERS
 from ..registry import Field, Registry, Requires
+from ..stability.update import scale_lr
 
 
 # A switch: `oblr_adaptive_lr=True` scales each optimizer step's learning rate, whatever the estimator.
@@ -139,21 +140,22 @@ class MicroBatchSNR:
 
 
 class SNRLearningRateCallback(TrainerCallback):
-    """Multiplies every parameter group's learning rate by `tracker.factor` for the optimizer step only."""
+    """Multiplies every parameter group's learning rate by `tracker.factor` for the optimizer step only.
+
+    Scaling and unscaling go through `hf_stable.stability.update.scale_lr` (multiply, then divide), never a saved copy
+    written back: the stability guard's LR cooldown scales the same update, and either order then composes."""
 
     def __init__(self, tracker: MicroBatchSNR):
         self.tracker = tracker
-        self._saved: list[float] | None = None
+        self._applied: float | None = None
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if optimizer is None or self.tracker.factor == 1.0:
             return
-        self._saved = [group["lr"] for group in optimizer.param_groups]
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * self.tracker.factor
+        self._applied = self.tracker.factor
+        scale_lr(optimizer, self._applied)
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if optimizer is not None and self._saved is not None:
-            for group, lr in zip(optimizer.param_groups, self._saved, strict=True):
-                group["lr"] = lr
-        self._saved = None
+        if optimizer is not None and self._applied is not None:
+            scale_lr(optimizer, 1.0 / self._applied)
+        self._applied = None

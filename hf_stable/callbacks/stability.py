@@ -95,7 +95,7 @@ def _world_size() -> int:
 
 
 def _backend(args, model=None, optimizer=None) -> str:
-    """"deepspeed", "fsdp" or "plain" (one process or DDP)."""
+    """ "deepspeed", "fsdp" or "plain" (one process or DDP)."""
     if getattr(args, "deepspeed_plugin", None) is not None or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
         return "deepspeed"
     if type(optimizer).__name__ == "DeepSpeedOptimizerWrapper":
@@ -285,8 +285,10 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         check_choice("on_exhausted", on_exhausted, ON_EXHAUSTED)
         check_number("guard_clip_norm", guard_clip_norm, low=0, low_open=True, allow_none=True)
         if loss_z is None and grad_z is None:
-            raise ValueError("`loss_z` and `grad_z` are both None: the guard would detect only non-finite steps. "
-                             "Set at least one of them (defaults 6.0).")
+            raise ValueError(
+                "`loss_z` and `grad_z` are both None: the guard would detect only non-finite steps. "
+                "Set at least one of them (defaults 6.0)."
+            )
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}.")
         check_int("probe_every", probe_every, low=0)
@@ -300,13 +302,29 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if probe_dataset is not None:
             _PROBE_SETS[("guard", name)] = probe_dataset
         self._args = dict(
-            loss_z=loss_z, loss_ratio=loss_ratio, grad_z=grad_z, grad_ratio=grad_ratio, window=window,
-            min_history=min_history, action=action, skips_before_rollback=skips_before_rollback,
-            snapshot_every=snapshot_every, confirm_steps=confirm_steps, snapshot_history=snapshot_history,
-            snapshot_storage=snapshot_storage, snapshot_scope=snapshot_scope, scheduler_policy=scheduler_policy,
-            lr_cooldown_factor=lr_cooldown_factor, lr_cooldown_steps=lr_cooldown_steps, max_rollbacks=max_rollbacks,
-            on_exhausted=on_exhausted, guard_clip_norm=guard_clip_norm, probe_every=probe_every,
-            probe_nis_threshold=probe_nis_threshold, probe_batch_size=probe_batch_size, name=name,
+            loss_z=loss_z,
+            loss_ratio=loss_ratio,
+            grad_z=grad_z,
+            grad_ratio=grad_ratio,
+            window=window,
+            min_history=min_history,
+            action=action,
+            skips_before_rollback=skips_before_rollback,
+            snapshot_every=snapshot_every,
+            confirm_steps=confirm_steps,
+            snapshot_history=snapshot_history,
+            snapshot_storage=snapshot_storage,
+            snapshot_scope=snapshot_scope,
+            scheduler_policy=scheduler_policy,
+            lr_cooldown_factor=lr_cooldown_factor,
+            lr_cooldown_steps=lr_cooldown_steps,
+            max_rollbacks=max_rollbacks,
+            on_exhausted=on_exhausted,
+            guard_clip_norm=guard_clip_norm,
+            probe_every=probe_every,
+            probe_nis_threshold=probe_nis_threshold,
+            probe_batch_size=probe_batch_size,
+            name=name,
         )
         self.probe_every, self.probe_batch_size = probe_every, probe_batch_size
         self.probe_filter = LocalLevelFilter(threshold=probe_nis_threshold)
@@ -315,15 +333,25 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         self.name = name
         self.snapshot_storage, self.snapshot_scope = snapshot_storage, snapshot_scope
         self.scheduler_policy, self.guard_clip_norm = scheduler_policy, guard_clip_norm
-        loss_rule = None if loss_z is None else SpikeRule(loss_z, loss_ratio, False, LOSS_RULE.floor_rel,
-                                                          LOSS_RULE.floor_abs)
-        grad_rule = None if grad_z is None else SpikeRule(grad_z, grad_ratio, True, GRAD_RULE.floor_rel,
-                                                          GRAD_RULE.floor_abs)
+        loss_rule = (
+            None if loss_z is None else SpikeRule(loss_z, loss_ratio, False, LOSS_RULE.floor_rel, LOSS_RULE.floor_abs)
+        )
+        grad_rule = (
+            None if grad_z is None else SpikeRule(grad_z, grad_ratio, True, GRAD_RULE.floor_rel, GRAD_RULE.floor_abs)
+        )
         self.policy = GuardPolicy(
-            loss_rule=loss_rule, grad_rule=grad_rule, window=window, min_history=min_history, action=action,
-            skips_before_rollback=skips_before_rollback, snapshot_every=snapshot_every, confirm_steps=confirm_steps,
-            snapshot_history=snapshot_history, lr_cooldown_factor=lr_cooldown_factor,
-            lr_cooldown_steps=lr_cooldown_steps, max_rollbacks=max_rollbacks,
+            loss_rule=loss_rule,
+            grad_rule=grad_rule,
+            window=window,
+            min_history=min_history,
+            action=action,
+            skips_before_rollback=skips_before_rollback,
+            snapshot_every=snapshot_every,
+            confirm_steps=confirm_steps,
+            snapshot_history=snapshot_history,
+            lr_cooldown_factor=lr_cooldown_factor,
+            lr_cooldown_steps=lr_cooldown_steps,
+            max_rollbacks=max_rollbacks,
             on_exhausted=on_exhausted,
         )
         self.store: SnapshotStore | None = None
@@ -354,18 +382,20 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         p = self.policy
         if p.accepted + p.anomalies == 0:
             return {}
-        return _finite_metrics({
-            "stable/guard/anomalies": float(p.anomalies),
-            "stable/guard/skips": float(p.skips),
-            "stable/guard/rollbacks": float(p.rollbacks),
-            "stable/guard/last_rollback_step": float(-1 if p.last_rollback_step is None else p.last_rollback_step),
-            "stable/guard/snapshot_step": float(p.confirmed_steps[-1] if p.confirmed_steps else -1),
-            "stable/guard/loss_z": p.loss_z,
-            "stable/guard/grad_z": p.grad_z,
-            "stable/guard/lr_multiplier": p.lr_multiplier,
-            "stable/guard/probe_loss": self.probe_history[-1][1] if self.probe_history else None,
-            "stable/guard/probe_nis": self.probe_history[-1][2] if self.probe_history else None,
-        })
+        return _finite_metrics(
+            {
+                "stable/guard/anomalies": float(p.anomalies),
+                "stable/guard/skips": float(p.skips),
+                "stable/guard/rollbacks": float(p.rollbacks),
+                "stable/guard/last_rollback_step": float(-1 if p.last_rollback_step is None else p.last_rollback_step),
+                "stable/guard/snapshot_step": float(p.confirmed_steps[-1] if p.confirmed_steps else -1),
+                "stable/guard/loss_z": p.loss_z,
+                "stable/guard/grad_z": p.grad_z,
+                "stable/guard/lr_multiplier": p.lr_multiplier,
+                "stable/guard/probe_loss": self.probe_history[-1][1] if self.probe_history else None,
+                "stable/guard/probe_nis": self.probe_history[-1][2] if self.probe_history else None,
+            }
+        )
 
     # -- events -----------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -373,25 +403,36 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if self._backend == "deepspeed":
             before = self.policy.action
             self.policy.degrade_for_post_step()
-            _warn_once(self, "deepspeed", (
-                f"StabilityGuardCallback under DeepSpeed: the engine applies the update inside backward, before any "
-                f"callback runs, so no update can be skipped; action {before!r} acts as {self.policy.action!r} "
-                "(decisions are taken in on_step_end, after the update)."), state)
+            _warn_once(
+                self,
+                "deepspeed",
+                (
+                    "StabilityGuardCallback under DeepSpeed: the engine applies the update inside backward, before "
+                    f"any callback runs, so no update can be skipped; action {before!r} acts as "
+                    f"{self.policy.action!r} (decisions are taken in on_step_end, after the update)."
+                ),
+                state,
+            )
             if self.policy.uses_snapshots and self.snapshot_storage != "disk":
-                raise ValueError("StabilityGuardCallback: rollbacks under DeepSpeed use the engine's collective "
-                                 "checkpoints, which need `snapshot_storage='disk'`.")
+                raise ValueError(
+                    "StabilityGuardCallback: rollbacks under DeepSpeed use the engine's collective "
+                    "checkpoints, which need `snapshot_storage='disk'`."
+                )
         if self._backend == "fsdp" and self.policy.uses_snapshots:
             raise ValueError(
                 f"StabilityGuardCallback: action={self.policy.action!r} needs snapshots, which are not implemented "
-                "for FSDP (sharded parameters and optimizer state). Use action='skip' or 'log' under FSDP.")
+                "for FSDP (sharded parameters and optimizer state). Use action='skip' or 'log' under FSDP."
+            )
         if self.guard_clip_norm is not None and args.max_grad_norm and args.max_grad_norm > 0:
             raise ValueError(
                 f"`guard_clip_norm`={self.guard_clip_norm} needs `max_grad_norm=0` in the TrainingArguments (got "
-                f"{args.max_grad_norm}): the trainer's own clip would run first and hide the pre-clip norm.")
+                f"{args.max_grad_norm}): the trainer's own clip would run first and hide the pre-clip norm."
+            )
         folder = os.path.join(args.output_dir, "stable_guard", self.name)
         writer = state.is_world_process_zero if self.snapshot_storage == "disk" else True
-        self.store = SnapshotStore(self.snapshot_storage, folder=folder, history=self.policy.snapshot_history,
-                                   writer=writer)
+        self.store = SnapshotStore(
+            self.snapshot_storage, folder=folder, history=self.policy.snapshot_history, writer=writer
+        )
         if state.global_step > 0 and self.snapshot_storage == "disk":
             self.store.adopt_disk_snapshots(state.global_step)
         self._self_restore(state)
@@ -450,8 +491,10 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             batch = _prompt_completion_batch(probe, processing_class)
         else:
             if processing_class is None:
-                raise ValueError("StabilityGuardCallback: a probe given as strings needs the trainer's "
-                                 "`processing_class`; pass token tensors instead.")
+                raise ValueError(
+                    "StabilityGuardCallback: a probe given as strings needs the trainer's "
+                    "`processing_class`; pass token tensors instead."
+                )
             batch = dict(processing_class(list(probe), return_tensors="pt", padding=True))
         batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))
         if "labels" not in batch:
@@ -469,12 +512,17 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             with torch.no_grad():
                 n = self._probe_batch["input_ids"].shape[0]
                 for start in range(0, n, self.probe_batch_size):
-                    part = {k: v[start:start + self.probe_batch_size].to(device) for k, v in self._probe_batch.items()}
+                    part = {
+                        k: v[start : start + self.probe_batch_size].to(device) for k, v in self._probe_batch.items()
+                    }
                     logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"]).logits
                     labels = part["labels"][:, 1:]
                     losses = torch.nn.functional.cross_entropy(
-                        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
-                        reduction="sum")
+                        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                        labels.reshape(-1),
+                        ignore_index=-100,
+                        reduction="sum",
+                    )
                     total += losses.double()
                     count += (labels != -100).sum().double()
         finally:
@@ -503,15 +551,27 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         loss = signals.loss_sum if fresh and signals.n_micro else None
         grad = signals.grad_norm if fresh else None
         if loss is None:
-            _warn_once(self, "no_loss", (
-                "StabilityGuardCallback: no step loss was recorded (the step signals are not installed), so "
-                "loss-spike detection is off. Use `StabilityGuardCallback.attach(trainer)` instead of "
-                "`callbacks=[...]`."), state)
+            _warn_once(
+                self,
+                "no_loss",
+                (
+                    "StabilityGuardCallback: no step loss was recorded (the step signals are not installed), so "
+                    "loss-spike detection is off. Use `StabilityGuardCallback.attach(trainer)` instead of "
+                    "`callbacks=[...]`."
+                ),
+                state,
+            )
         if grad is None:
-            _warn_once(self, "no_grad_norm", (
-                "StabilityGuardCallback: no pre-clip gradient norm was recorded; computing it from the gradients, "
-                "which are already clipped when max_grad_norm > 0. Use `attach(trainer)`, or set max_grad_norm=0 and "
-                "guard_clip_norm=1.0."), state)
+            _warn_once(
+                self,
+                "no_grad_norm",
+                (
+                    "StabilityGuardCallback: no pre-clip gradient norm was recorded; computing it from the gradients, "
+                    "which are already clipped when max_grad_norm > 0. Use `attach(trainer)`, or set max_grad_norm=0 "
+                    "and guard_clip_norm=1.0."
+                ),
+                state,
+            )
             grads = [p.grad for p in optimizer_params(optimizer) if p.grad is not None] if optimizer else []
             grad = torch.nn.utils.get_total_norm(grads) if grads else None
         device = next((t.device for t in (loss, grad) if isinstance(t, torch.Tensor)), torch.device("cpu"))
@@ -523,16 +583,19 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
 
         loss_t, grad_t = as_tensor(loss), as_tensor(grad)
         nonfinite = (~torch.isfinite(loss_t) | ~torch.isfinite(grad_t)).to(dtype)
-        packed = torch.stack([loss_t, as_tensor(signals.n_micro if fresh else 0), nonfinite, grad_t,
-                              as_tensor(fp), as_tensor(fp * fp)])
+        packed = torch.stack(
+            [loss_t, as_tensor(signals.n_micro if fresh else 0), nonfinite, grad_t, as_tensor(fp), as_tensor(fp * fp)]
+        )
         world = _world_size()
         if world > 1:
             torch.distributed.all_reduce(packed)
         loss_sum, _, flags, grad_sum, fp_sum, fp_sq = packed.tolist()  # the one host sync of the step
         mean_fp = fp_sum / world
         if fp_sq / world - mean_fp * mean_fp > 1e-9 * max(1.0, mean_fp * mean_fp):
-            raise RuntimeError("StabilityGuardCallback: the guard state differs across ranks (its fingerprint does "
-                               "not agree); stopping every rank rather than letting them take different branches.")
+            raise RuntimeError(
+                "StabilityGuardCallback: the guard state differs across ranks (its fingerprint does "
+                "not agree); stopping every rank rather than letting them take different branches."
+            )
         step = signals_step + 1
         decision = self.policy.decide(
             step,
@@ -573,9 +636,15 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             elif op == "confirm":
                 self.store.confirm_candidate()
             elif op == "candidate":
-                self.store.put_candidate(take_snapshot(
-                    decision.step, self._scope(model), optimizer, lr_scheduler,
-                    scaler=getattr(optimizer, "scaler", None)))
+                self.store.put_candidate(
+                    take_snapshot(
+                        decision.step,
+                        self._scope(model),
+                        optimizer,
+                        lr_scheduler,
+                        scaler=getattr(optimizer, "scaler", None),
+                    )
+                )
         if decision.ops and self.snapshot_storage == "disk" and _world_size() > 1:
             torch.distributed.barrier()  # the writer has finished before anyone reads
 
@@ -608,7 +677,8 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
             raise TrainingDivergedError(
                 f"StabilityGuardCallback: {self.policy.rollbacks - 1} rollbacks did not stop the anomalies "
                 f"(max_rollbacks={self.policy.max_rollbacks}); the weights of step {decision.restore_step} were "
-                "restored.")
+                "restored."
+            )
 
     def _restore(self, decision: Decision, model, optimizer, lr_scheduler, trainer) -> None:
         if self._backend == "deepspeed":
@@ -617,9 +687,15 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
         snapshot = self.store.newest_confirmed()
         if snapshot is None or snapshot.step != decision.restore_step:
             raise RuntimeError(f"StabilityGuardCallback: snapshot of step {decision.restore_step} is missing.")
-        restore_snapshot(snapshot, self._scope(model), optimizer, lr_scheduler, getattr(optimizer, "scaler", None),
-                         restore_scheduler=self.scheduler_policy == "restore",
-                         restore_hyperparameters=self.scheduler_policy == "restore")
+        restore_snapshot(
+            snapshot,
+            self._scope(model),
+            optimizer,
+            lr_scheduler,
+            getattr(optimizer, "scaler", None),
+            restore_scheduler=self.scheduler_policy == "restore",
+            restore_hyperparameters=self.scheduler_policy == "restore",
+        )
 
     def _report(self, decision: Decision, state) -> None:
         if not state.is_world_process_zero:
@@ -643,8 +719,10 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
     # -- DeepSpeed: the engine's own collective checkpoints (untested here: no DeepSpeed in CI) -----------------
     def _ds_engine(self, trainer):
         if trainer is None or not hasattr(trainer.model_wrapped, "save_checkpoint"):
-            raise RuntimeError("StabilityGuardCallback: rollback under DeepSpeed needs the trainer; add the callback "
-                               "with `StabilityGuardCallback.attach(trainer)`.")
+            raise RuntimeError(
+                "StabilityGuardCallback: rollback under DeepSpeed needs the trainer; add the callback "
+                "with `StabilityGuardCallback.attach(trainer)`."
+            )
         return trainer.model_wrapped
 
     def _ds_ops(self, decision: Decision, trainer) -> None:
@@ -674,8 +752,12 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
 
     def _ds_load(self, trainer, step: int) -> None:
         engine = self._ds_engine(trainer)
-        engine.load_checkpoint(self.store.folder, tag=f"step{step}", load_optimizer_states=True,
-                               load_lr_scheduler_states=self.scheduler_policy == "restore")
+        engine.load_checkpoint(
+            self.store.folder,
+            tag=f"step{step}",
+            load_optimizer_states=True,
+            load_lr_scheduler_states=self.scheduler_policy == "restore",
+        )
 
 
 # -- component-wise clipping -------------------------------------------------------------------------------------
@@ -698,18 +780,28 @@ class ComponentClipCallback(_Attachable, _SelfRestoring, TrainerCallback):
     ``gradient_clipping``), and so is FSDP (sharded gradients).
     """
 
-    def __init__(self, max_norm: float = 0.1, groups: str | Sequence[str] = "param", overrides: dict | None = None,
-                 then_global_max_norm: float | None = None, mode: str = "fixed", adaptive_warmup_steps: int = 100,
-                 adaptive_lambda_abs: float = 1.0, adaptive_lambda_rel: float = 1.05, adaptive_beta: float = 0.98,
-                 name: str = "clip"):
+    def __init__(
+        self,
+        max_norm: float = 0.1,
+        groups: str | Sequence[str] = "param",
+        overrides: dict | None = None,
+        then_global_max_norm: float | None = None,
+        mode: str = "fixed",
+        adaptive_warmup_steps: int = 100,
+        adaptive_lambda_abs: float = 1.0,
+        adaptive_lambda_rel: float = 1.05,
+        adaptive_beta: float = 0.98,
+        name: str = "clip",
+    ):
         check_number("max_norm", max_norm, low=0, low_open=True)
         if isinstance(groups, str):
             check_choice("groups", groups, ("param", "module", "layer"))
         else:
             groups = list(groups)
             if not groups or not all(isinstance(g, str) for g in groups):
-                raise ValueError(f"`groups` must be 'param', 'module', 'layer' or a non-empty list of regexes, "
-                                 f"got {groups!r}.")
+                raise ValueError(
+                    f"`groups` must be 'param', 'module', 'layer' or a non-empty list of regexes, got {groups!r}."
+                )
             for pattern in groups:
                 re.compile(pattern)
         for pattern, value in (overrides or {}).items():
@@ -723,10 +815,18 @@ class ComponentClipCallback(_Attachable, _SelfRestoring, TrainerCallback):
         check_number("adaptive_beta", adaptive_beta, low=0, high=1, high_open=True)
         if mode == "adaptive" and overrides:
             raise ValueError("`overrides` sets fixed bounds and has no effect with mode='adaptive'.")
-        self._args = dict(max_norm=max_norm, groups=groups, overrides=overrides,
-                          then_global_max_norm=then_global_max_norm, mode=mode,
-                          adaptive_warmup_steps=adaptive_warmup_steps, adaptive_lambda_abs=adaptive_lambda_abs,
-                          adaptive_lambda_rel=adaptive_lambda_rel, adaptive_beta=adaptive_beta, name=name)
+        self._args = dict(
+            max_norm=max_norm,
+            groups=groups,
+            overrides=overrides,
+            then_global_max_norm=then_global_max_norm,
+            mode=mode,
+            adaptive_warmup_steps=adaptive_warmup_steps,
+            adaptive_lambda_abs=adaptive_lambda_abs,
+            adaptive_lambda_rel=adaptive_lambda_rel,
+            adaptive_beta=adaptive_beta,
+            name=name,
+        )
         self.name = name
         self.max_norm, self.groups, self.overrides = max_norm, groups, dict(overrides or {})
         self.then_global_max_norm, self.mode = then_global_max_norm, mode
@@ -754,19 +854,29 @@ class ComponentClipCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if backend != "plain":
             raise ValueError(
                 f"ComponentClipCallback does not support {backend}: the gradients are "
-                + ("partitioned inside the DeepSpeed engine, which has already stepped when callbacks run; use "
-                   "DeepSpeed's `gradient_clipping`." if backend == "deepspeed" else
-                   "sharded; use `max_grad_norm`."))
+                + (
+                    "partitioned inside the DeepSpeed engine, which has already stepped when callbacks run; use "
+                    "DeepSpeed's `gradient_clipping`."
+                    if backend == "deepspeed"
+                    else "sharded; use `max_grad_norm`."
+                )
+            )
         if self.then_global_max_norm is not None and args.max_grad_norm and args.max_grad_norm > 0:
             raise ValueError(
                 f"`then_global_max_norm`={self.then_global_max_norm} reproduces the authors' order (component clip, "
                 f"then global) and needs `max_grad_norm=0` in the TrainingArguments (got {args.max_grad_norm}); "
-                "otherwise the trainer clips globally first and again afterwards.")
+                "otherwise the trainer clips globally first and again afterwards."
+            )
         if self.mode == "adaptive" and args.max_grad_norm and args.max_grad_norm > 0:
-            _warn_once(self, "adaptive_global", (
-                f"ComponentClipCallback(mode='adaptive') with max_grad_norm={args.max_grad_norm}: the trainer's "
-                "global clip runs before AdaGC (the paper replaces it). Set max_grad_norm=0 to follow the paper."),
-                state)
+            _warn_once(
+                self,
+                "adaptive_global",
+                (
+                    f"ComponentClipCallback(mode='adaptive') with max_grad_norm={args.max_grad_norm}: the trainer's "
+                    "global clip runs before AdaGC (the paper replaces it). Set max_grad_norm=0 to follow the paper."
+                ),
+                state,
+            )
         self._self_restore(state)
 
     def _setup(self, model) -> None:
@@ -795,14 +905,20 @@ class ComponentClipCallback(_Attachable, _SelfRestoring, TrainerCallback):
         else:
             gamma = self._gamma.to(norms.device)
             coefs, gamma = clip_math.adagc_coefficients(
-                norms, gamma, self.steps, warmup_steps=self._args["adaptive_warmup_steps"],
-                lambda_abs=self._args["adaptive_lambda_abs"], lambda_rel=self._args["adaptive_lambda_rel"],
-                beta=self._args["adaptive_beta"])
+                norms,
+                gamma,
+                self.steps,
+                warmup_steps=self._args["adaptive_warmup_steps"],
+                lambda_abs=self._args["adaptive_lambda_abs"],
+                lambda_rel=self._args["adaptive_lambda_rel"],
+                beta=self._args["adaptive_beta"],
+            )
             self._gamma = gamma.cpu()
         clip_math.apply_coefficients(grouped, coefs)
         if self.then_global_max_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for members in self._grouped.values() for _, p in members],
-                                           self.then_global_max_norm)
+            torch.nn.utils.clip_grad_norm_(
+                [p for members in self._grouped.values() for _, p in members], self.then_global_max_norm
+            )
         self._last = (norms.detach(), coefs.detach())
 
     def pop_pending_metrics(self) -> dict:
@@ -841,10 +957,16 @@ class NoGradientCallback(_Attachable, TrainerCallback):
         if model is not None and not any(p.requires_grad for p in model.parameters()):
             raise NoGradientError(
                 f"no trainable parameter: every parameter of {type(model).__name__} has requires_grad=False (a frozen "
-                "model), so training would change nothing. Unfreeze the parameters to train, or pass a `peft_config`.")
+                "model), so training would change nothing. Unfreeze the parameters to train, or pass a `peft_config`."
+            )
         if self._deepspeed:
-            _warn_once(self, "deepspeed", "NoGradientCallback: gradients live inside the DeepSpeed engine, not in "
-                       "`p.grad`; the no-gradient check after the first backward is skipped.", state)
+            _warn_once(
+                self,
+                "deepspeed",
+                "NoGradientCallback: gradients live inside the DeepSpeed engine, not in "
+                "`p.grad`; the no-gradient check after the first backward is skipped.",
+                state,
+            )
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self._checked or self._deepspeed or optimizer is None:
@@ -854,7 +976,8 @@ class NoGradientCallback(_Attachable, TrainerCallback):
         if params and all(p.grad is None for p in params):
             raise NoGradientError(
                 f"after the first backward no trainable parameter of {type(model).__name__} has a gradient "
-                f"({len(params)} tensors in the optimizer, all `.grad is None`): {diagnose_no_gradient(model)}")
+                f"({len(params)} tensors in the optimizer, all `.grad is None`): {diagnose_no_gradient(model)}"
+            )
 
 
 # -- degenerate GRPO runs ----------------------------------------------------------------------------------------
@@ -869,19 +992,36 @@ class GRPODegenerateRunCallback(_Attachable, _SelfRestoring, TrainerCallback):
     Axolotl's training-stability guide (see ``docs/stability.md``). Warnings on the main process only; it only logs.
     """
 
-    def __init__(self, patience: int = 3, zero_std_min: float = 0.99, clipped_ratio_min: float = 0.99,
-                 entropy_min: float = 0.01, kl_max: float = 2.0, name: str = "degenerate"):
+    def __init__(
+        self,
+        patience: int = 3,
+        zero_std_min: float = 0.99,
+        clipped_ratio_min: float = 0.99,
+        entropy_min: float = 0.01,
+        kl_max: float = 2.0,
+        name: str = "degenerate",
+    ):
         check_int("patience", patience, low=1)
         check_number("zero_std_min", zero_std_min, low=0, high=1)
         check_number("clipped_ratio_min", clipped_ratio_min, low=0, high=1)
         check_number("entropy_min", entropy_min, low=0)
         check_number("kl_max", kl_max, low=0)
-        self._args = dict(patience=patience, zero_std_min=zero_std_min, clipped_ratio_min=clipped_ratio_min,
-                          entropy_min=entropy_min, kl_max=kl_max, name=name)
+        self._args = dict(
+            patience=patience,
+            zero_std_min=zero_std_min,
+            clipped_ratio_min=clipped_ratio_min,
+            entropy_min=entropy_min,
+            kl_max=kl_max,
+            name=name,
+        )
         self.name = name
-        self.monitor = DegenerateRunMonitor(patience=patience, zero_std_min=zero_std_min,
-                                            clipped_ratio_min=clipped_ratio_min, entropy_min=entropy_min,
-                                            kl_max=kl_max)
+        self.monitor = DegenerateRunMonitor(
+            patience=patience,
+            zero_std_min=zero_std_min,
+            clipped_ratio_min=clipped_ratio_min,
+            entropy_min=entropy_min,
+            kl_max=kl_max,
+        )
         self.findings: list = []
         self._trainer_ref = None
 
@@ -900,10 +1040,20 @@ class GRPODegenerateRunCallback(_Attachable, _SelfRestoring, TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or not state.is_world_process_zero:
             return
-        cfg = {k: getattr(args, k, None) for k in ("loss_type", "num_iterations", "beta", "num_generations",
-                                                   "max_completion_length", "mask_truncated_completions",
-                                                   "steps_per_generation", "gradient_accumulation_steps",
-                                                   "loss_mode")}
+        cfg = {
+            k: getattr(args, k, None)
+            for k in (
+                "loss_type",
+                "num_iterations",
+                "beta",
+                "num_generations",
+                "max_completion_length",
+                "mask_truncated_completions",
+                "steps_per_generation",
+                "gradient_accumulation_steps",
+                "loss_mode",
+            )
+        }
         for finding in self.monitor.observe(logs, cfg):
             self.findings.append((state.global_step, finding))
             emit = logger.info if finding.level == "info" else logger.warning
@@ -923,8 +1073,9 @@ class FaultInjectionCallback(_Attachable, TrainerCallback):
 
     KINDS = ("corrupt_batch", "nan_loss", "loss_scale", "lr_scale")
 
-    def __init__(self, kind: str, steps: Sequence[int], factor: float = 100.0, ranks: Sequence[int] | None = None,
-                 seed: int = 0):
+    def __init__(
+        self, kind: str, steps: Sequence[int], factor: float = 100.0, ranks: Sequence[int] | None = None, seed: int = 0
+    ):
         check_choice("kind", kind, self.KINDS)
         check_number("factor", factor)
         self.kind, self.steps, self.factor = kind, {int(s) for s in steps}, float(factor)
@@ -994,7 +1145,10 @@ def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -
     * ``component_clip_max_norm`` (float or None) + ``component_clip_groups`` (default "param") →
       `ComponentClipCallback`;
     * ``no_gradient_check`` (bool, default True) → `NoGradientCallback`;
-    * ``degenerate_run_warnings`` (bool, default True; GRPO configs only) → `GRPODegenerateRunCallback`.
+    * ``degenerate_run_warnings`` (bool, default True; GRPO configs only) → `GRPODegenerateRunCallback`, with the
+      ``degenerate_*`` thresholds of the config.
+
+    The fields are declared once in `hf_stable.stability.config` and validated there.
     """
     if getattr(args, "no_gradient_check", False):
         NoGradientCallback.attach(trainer)
@@ -1007,8 +1161,10 @@ def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -
         raise ValueError("`stability_guard_kwargs` is set but `stability_guard` is False: they would be ignored.")
     max_norm = getattr(args, "component_clip_max_norm", None)
     if max_norm is not None:
-        ComponentClipCallback.attach(trainer, max_norm=max_norm,
-                                     groups=getattr(args, "component_clip_groups", "param"))
+        ComponentClipCallback.attach(
+            trainer, max_norm=max_norm, groups=getattr(args, "component_clip_groups", "param")
+        )
     if getattr(args, "degenerate_run_warnings", False):
         check_bool("degenerate_run_warnings", args.degenerate_run_warnings)
-        GRPODegenerateRunCallback.attach(trainer)
+        degenerate_kwargs = getattr(args, "degenerate_kwargs", None)
+        GRPODegenerateRunCallback.attach(trainer, **(degenerate_kwargs() if degenerate_kwargs else {}))

@@ -1,13 +1,17 @@
-"""`hf-stable demo`: the main jobs end to end on bundled tiny models, offline, in a few minutes on a CPU.
+"""`hf-stable demo` (what `make demo` runs): the workflow end to end on the bundled tiny model, offline, on a CPU.
 
-1. SFT from a random init on 2-digit addition with NLL and with "-p" (Li et al., arXiv 2510.00526). A random init is
-   the model-weak end of the paper's capability continuum, where NLL should win and -p barely move; the table shows
-   whether it does.
-2. Unlearning on TinyTOFU: SimNPO (arXiv 2410.07163) makes a model that memorised 200 fictitious authors forget 20
-   of them while keeping the rest and facts it was never asked about; a short relearning attack then shows how much
-   comes back. The TinyTOFU model is trained once and cached (`~/.cache/hf_stable/tinytofu`).
+1. ``sft``: SFT from a random init on 2-digit addition with NLL and with "-p" (Li et al., arXiv 2510.00526).
+2. ``grpo``: `StableGRPOTrainer` with LoRA from the SFT (NLL) model: TRL's default advantages vs S-GRPO
+   (arXiv 2508.05928) vs MaxRL, with the stability guard and the degenerate-run warnings attached; reward curves.
+3. ``merge``: WSM (arXiv 2507.17634) over the S-GRPO checkpoints and a Fisher–Rao merge (arXiv 2603.04972) of the
+   S-GRPO and MaxRL models; held-out exact match of every input and merge; the merged folder reloaded with
+   `AutoModelForCausalLM.from_pretrained` and used to generate.
+4. ``unlearn``: SimNPO (arXiv 2410.07163) on TinyTOFU: forget 20 fictitious authors, keep the others.
+5. ``stability``: one injected LR blow-up, with and without `StabilityGuardCallback`; a plot.
+6. ``push``: the Fisher–Rao merge's planned Hub commit, as `--push_to_hub ID --hub_dry_run` prints it (no network).
 
-Writes `results.json` and `loss_curves.png` into the output folder.
+Each stage writes ``<output_dir>/<stage>/`` and one row of the summary table; every number goes into
+``<output_dir>/results.json`` (a later run of a subset updates its stages and keeps the others).
 """
 
 from __future__ import annotations
@@ -16,191 +20,131 @@ import json
 import os
 import time
 
-from transformers import PrinterCallback, ProgressCallback  # this module is imported only by `hf-stable demo`
+
+STAGE_NAMES = ("sft", "grpo", "merge", "unlearn", "stability", "push")
+TITLES = {
+    "sft": "SFT from a random init on 2-digit addition: NLL vs -p",
+    "grpo": "GRPO with LoRA from the SFT model: TRL default vs S-GRPO vs MaxRL (guard + degenerate-run warnings on)",
+    "merge": "merging: WSM over the S-GRPO checkpoints, Fisher-Rao of S-GRPO and MaxRL; reload and generate",
+    "unlearn": "unlearning: SimNPO on TinyTOFU (forget 20 fictitious authors)",
+    "stability": "stability: an injected LR spike, guard off vs on (and a clean run)",
+    "push": "push, as a dry run: the planned Hub commit of the Fisher-Rao merge (no network)",
+}
+DEMO_REPO = "your-username/hf-stable-demo"
 
 
-RUNS = (
-    # α = 0 is NLL through hf_stable's own loss path (the same update as TRL's, tested), which also logs `mean_p`
-    ("nll", {"sft_objective": "prob_power", "objective_alpha": 0.0}),
-    ("-p", {"sft_objective": "prob_power", "objective_alpha": 1.0}),
-)
+def parse_stages(text: str | None) -> list[str]:
+    """``"sft,grpo"`` → ``["sft", "grpo"]`` in the demo's order; ``None`` or ``"all"`` → every stage.
+
+    Raises:
+        ValueError: an unknown or empty name, naming the allowed values.
+    """
+    if text is None or text.strip() == "all":
+        return list(STAGE_NAMES)
+    names = [n.strip() for n in text.split(",")]
+    unknown = [n for n in names if n not in STAGE_NAMES]
+    if unknown or not names:
+        raise ValueError(
+            f"`--stages` {text!r}: unknown stage {', '.join(map(repr, unknown)) or '(empty)'}. Allowed values: "
+            f"{', '.join(STAGE_NAMES)} or all (comma-separated, e.g. --stages sft,grpo)."
+        )
+    return [n for n in STAGE_NAMES if n in names]
 
 
-class _QuietProgress(ProgressCallback):
-    """A progress bar without a printed dict per log step."""
+class _Context:
+    """What the stages share: sizes, the held-out set, the output folder, and the artifacts of earlier stages."""
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        pass
+    def __init__(self, output_dir: str, quick: bool):
+        from ..testing import arithmetic_dataset
+        from .demo_stages import FULL, QUICK
+
+        self.output_dir, self.quick = output_dir, quick
+        self.sizes = QUICK if quick else FULL
+        self.test = arithmetic_dataset(self.sizes.test_rows, seed=1234)  # held out: another seed than any training
+        self.repo_id = DEMO_REPO
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.output_dir, *parts)
+
+    def require(self, stage: str, *parts: str) -> str:
+        """An artifact of ``stage``: from this run, or from an earlier run into the same output folder."""
+        path = self.path(stage, *parts)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"hf-stable demo: {path} is missing: it is written by the {stage!r} stage. Run that stage first "
+                f"(e.g. --stages {stage},...) into the same --output_dir."
+            )
+        return path
 
 
-def _train_one(name, objective, model_dir, train, test, output_dir, steps):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..testing import evaluate_completions
-    from ..trainers.sft import StableSFTConfig, StableSFTTrainer
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    args = StableSFTConfig(
-        output_dir=os.path.join(output_dir, f"sft-{name.strip('-') or 'p'}"),
-        max_steps=steps,
-        per_device_train_batch_size=64,
-        learning_rate=3e-3,
-        lr_scheduler_type="cosine",
-        warmup_steps=min(20, steps // 10),
-        logging_steps=max(1, steps // 30),
-        max_length=32,
-        save_strategy="no",
-        report_to="none",
-        gradient_checkpointing=False,
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        disable_tqdm=False,  # else it follows the (quietened) log level and prints a dict per log step
-        **objective,
-    )
-    start = time.perf_counter()
-    trainer = StableSFTTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(_QuietProgress())
-    trainer.train()
-    wall = time.perf_counter() - start
-    scores = evaluate_completions(trainer.model, tokenizer, test)
-    history = [
-        {"step": h["step"], "loss": h["loss"], "mean_p": h.get("mean_p")}
-        for h in trainer.state.log_history
-        if "loss" in h
+def _table(rows: list[dict]) -> str:
+    head = ("stage", "what ran", "metric", "before", "after", "wall", "artifacts")
+    cells = [head] + [
+        (r["stage"], r["what"], r["metric"], r["before"], r["after"], f"{r['wall_time_s']:.0f}s", r["artifacts"])
+        for r in rows
     ]
-    return {"objective": name, **scores, "wall_time_s": wall, "history": history}
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells[1:]]
+    return "\n".join(lines)
 
 
-def _plot(results, path) -> bool:
-    try:
-        import matplotlib
+def run_demo(output_dir: str = "demo_output", quick: bool = False, stages: str | list[str] | None = None) -> dict:
+    """Run ``stages`` (default all) into ``output_dir``; print the summary table; return the results dict."""
+    from ._quiet import silence_known_warnings
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, (ax_loss, ax_p) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for r in results:
-        steps = [h["step"] for h in r["history"]]
-        ax_loss.plot(steps, [h["loss"] for h in r["history"]], label=f"{r['objective']} (its own loss)")
-        ax_p.plot(steps, [h["mean_p"] for h in r["history"]], label=r["objective"])
-    ax_loss.set(xlabel="step", ylabel="training loss", title="Loss curves", yscale="log")
-    ax_p.set(xlabel="step", ylabel="mean p of supervised tokens", title="Target-token probability")
-    for ax in (ax_loss, ax_p):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def run_demo(output_dir: str = "demo_output", quick: bool = False) -> list[dict]:
+    silence_known_warnings()
+    names = parse_stages(stages) if stages is None or isinstance(stages, str) else parse_stages(",".join(stages))
     import datasets
     from transformers.utils import logging
 
-    from ..testing import arithmetic_dataset, build_tiny_model
+    from .demo_stages import STAGES
 
     datasets.disable_progress_bars()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     os.makedirs(output_dir, exist_ok=True)
-    steps = 40 if quick else 2000
-    model_dir = os.path.join(output_dir, "tiny-model")
-    build_tiny_model(save_dir=model_dir, seed=0)
-    train = arithmetic_dataset(20_000, seed=0)
-    test = arithmetic_dataset(100 if quick else 500, seed=1234)  # held out: another seed
-
-    print(f"hf_stable demo: SFT of a random-init tiny Llama on 2-digit addition, {steps} steps per objective\n")
-    results = [_train_one(name, objective, model_dir, train, test, output_dir, steps) for name, objective in RUNS]
-
-    header = f"{'objective':<10} {'held-out exact match':>21} {'mean p':>8} {'wall time':>10}"
-    print("\n" + header + "\n" + "-" * len(header))
-    for r in results:
-        print(f"{r['objective']:<10} {r['exact_match']:>21.3f} {r['mean_p']:>8.3f} {r['wall_time_s']:>9.1f}s")
-    with open(os.path.join(output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"steps": steps, "results": results}, f, indent=2)
-    plot = os.path.join(output_dir, "loss_curves.png")
-    print(f"\nresults: {os.path.join(output_dir, 'results.json')}")
-    print(f"plot:    {plot}" if _plot(results, plot) else "plot:    skipped (pip install matplotlib)")
-    print("A random init is the model-weak regime: NLL is expected to win there and -p to lag (arXiv 2510.00526).")
-    unlearning = _unlearn(output_dir, quick)
-    with open(os.path.join(output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"steps": steps, "results": results, "unlearning": unlearning}, f, indent=2)
+    ctx = _Context(output_dir, quick)
+    results_path = os.path.join(output_dir, "results.json")
+    results = {"stages": {}}
+    if os.path.isfile(results_path):  # a subset run keeps the other stages' numbers
+        with open(results_path, encoding="utf-8") as f:
+            results = json.load(f)
+    results["quick"] = quick
+    mode = "quick" if quick else "full"
+    print(f"hf_stable demo ({mode}): {', '.join(names)} into {output_dir}/", flush=True)
+    started = time.perf_counter()
+    for name in names:
+        print(f"\n== {name}: {TITLES[name]}", flush=True)
+        start = time.perf_counter()
+        stage = STAGES[name](ctx)
+        wall = round(time.perf_counter() - start, 1)
+        what, metric, before, after, artifacts = stage.pop("row")
+        stage["wall_time_s"] = wall
+        stage["summary"] = {
+            "stage": name,
+            "what": what,
+            "metric": metric,
+            "before": before,
+            "after": after,
+            "wall_time_s": wall,
+            "artifacts": artifacts,
+        }
+        stage["quick"] = quick
+        results["stages"][name] = stage
+        _write_json(results_path, results)
+        print(f"   {metric}: {before} -> {after} ({wall:.0f}s)", flush=True)
+    rows = [results["stages"][n]["summary"] for n in STAGE_NAMES if n in results["stages"]]
+    results["summary"] = rows
+    results["last_run"] = {"stages": names, "wall_time_s": round(time.perf_counter() - started, 1)}
+    _write_json(results_path, results)
+    print("\n" + _table(rows))
+    print(f"\n{len(names)} stage(s) in {results['last_run']['wall_time_s']:.0f}s; all numbers: {results_path}")
     return results
 
 
-def _unlearn(output_dir: str, quick: bool) -> dict:
-    """SimNPO on TinyTOFU (seed 0): forget / retain / world accuracy before and after, and a relearning attack."""
-    from ..evaluation.unlearning import evaluate_unlearning
-    from ..testing.tinytofu import answer_prob, make_tinytofu, train_tinytofu
-    from ..trainers.unlearning import UnlearningTrainer
-    from ..trainers.unlearning_config import UnlearningConfig
-
-    data = make_tinytofu(0, reduced=quick)
-    n_forget, n_trained = len(data.forget_eval) // 4, (len(data.forget_eval) + len(data.retain_eval)) // 4
-    print(f"\nhf_stable demo: unlearning {n_forget} of {n_trained} fictitious authors on TinyTOFU with SimNPO")
-    start = time.perf_counter()
-    model, info = train_tinytofu(data, "full", seed=0, **({"max_extensions": 1} if quick else {}))
-    print(f"TinyTOFU model: {'cached' if info.get('cached') else 'trained'} in {time.perf_counter() - start:.0f}s")
-    hp0 = answer_prob(model, data.tokenizer, data.holdout_eval).mean().item()
-    sets = dict(
-        forget=data.forget_eval,
-        retain=data.retain_eval,
-        holdout=data.holdout_eval,
-        world=data.world_eval,
-        relearn=data.relearn,
-        relearn_test=data.relearn_eval,
-        start_holdout_prob=hp0,
-        print_table=False,
-    )
-    before = evaluate_unlearning(model, data.tokenizer, **sets)
-    args = UnlearningConfig(
-        output_dir=os.path.join(output_dir, "unlearn-simnpo"),
-        unlearn_method="simnpo",
-        simnpo_beta=2.5,
-        forget_weight=1.0,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        optim="adamw_torch",
-        per_device_train_batch_size=16,
-        max_steps=60 if quick else 400,
-        max_grad_norm=1.0,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        logging_steps=50,
-        disable_tqdm=True,
-        seed=0,
-    )
-    trainer = UnlearningTrainer(
-        model=model,
-        args=args,
-        forget_dataset=data.forget,
-        retain_dataset=data.retain,
-        processing_class=data.tokenizer,
-        holdout_dataset=data.holdout_eval,
-    )
-    trainer.remove_callback(PrinterCallback)
-    start = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - start
-    after = evaluate_unlearning(trainer.model, data.tokenizer, **sets)
-    rows = (
-        ("forget accuracy (want: chance ~0.07)", "forget_acc"),
-        ("retain accuracy", "retain_acc"),
-        ("world-fact accuracy (never shown)", "world_acc"),
-        ("over-forgetting log10(FP/HP0)", "over_forgetting"),
-        ("accuracy after a 20-step relearning attack", "relearn_acc"),
-    )
-    header = f"{'':<44} {'before':>7} {'after':>7}"
-    print(header + "\n" + "-" * len(header))
-    for label, key in rows:
-        print(f"{label:<44} {before[key]:>7.3f} {after[key]:>7.3f}")
-    print(
-        f"SimNPO: {args.max_steps} steps in {wall:.1f}s. The relearning row shows suppression vs removal: an oracle "
-        "retrained without the 20 authors sits near chance."
-    )
-    return {"method": "simnpo", "steps": args.max_steps, "wall_time_s": wall, "before": before, "after": after}
+def _write_json(path: str, data: dict) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)

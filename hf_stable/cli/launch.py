@@ -55,16 +55,21 @@ def _subtract_subsequence(items: list[str], subsequence: list[str]) -> list[str]
 
 def run_training_command(name: str, argv: list[str]) -> int:
     """Parse ``argv`` with ``hf_stable.scripts.<name>.make_parser`` (``--help`` exits here), then launch the script.
+    ``--push_to_hub ID`` is read as ``--push_to_hub true --hub_model_id ID``, the same spelling as `hf-stable merge`.
 
     A flag the configs refuse prints one line naming it and returns 2 (``HF_STABLE_DEBUG=1`` shows the traceback)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
+    from ..hub_plan import expand_push_to_hub, hub_dry_run_repo
+
     module = importlib.import_module(f"hf_stable.scripts.{name}")
     parser = module.make_parser(prog=f"hf-stable {name}")
     try:
-        *_, config_remaining, cli_remaining = parser.parse_args_and_config(
+        argv = expand_push_to_hub(argv)
+        script_args, training_args, *_, config_remaining, cli_remaining = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
         )
+        hub_dry_run_repo(script_args, training_args)  # a dry run without push_to_hub fails here, not after training
         launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
     except (ValueError, TypeError) as err:  # a bad flag or value, found before anything runs: one line, no traceback
         if os.environ.get("HF_STABLE_DEBUG"):

@@ -6,7 +6,7 @@ hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable merge examples/configs/merge_ties.yaml OUT [--dry-run] [--diagnose] [--push-to-hub REPO]
 hf-stable eval-unlearning --model ./unlearned --benchmark tofu --forget_split forget10 --retain_model ./retain90
-hf-stable demo [--output_dir demo_output]
+hf-stable demo [--output_dir demo_output] [--stages sft,grpo,merge,unlearn,stability,push] [--quick]
 hf-stable list [--family sft_objective]
 ```
 """
@@ -14,6 +14,7 @@ hf-stable list [--family sft_objective]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -40,13 +41,24 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="End-to-end demo on the bundled tiny model (minutes on a CPU)")
     demo.add_argument("--output_dir", default="demo_output")
     demo.add_argument("--quick", action="store_true", help="A shorter run (for smoke tests)")
+    demo.add_argument(
+        "--stages",
+        default=None,
+        help="Comma-separated subset of sft,grpo,merge,unlearn,stability,push (default: all). A stage that needs an "
+        "earlier one's output reads it from --output_dir.",
+    )
     listing = sub.add_parser("list", help="List the registered methods by family")
     listing.add_argument("--family", default=None)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ._quiet import silence_known_warnings
+
+    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # it needs no download: keep library imports (bitsandbytes' kernel lookup) off the Hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in TRAINING_COMMANDS:
@@ -64,9 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "demo":
-        from .demo import run_demo
+        from .demo import parse_stages, run_demo
 
-        run_demo(args.output_dir, quick=args.quick)
+        try:
+            stages = parse_stages(args.stages)
+        except ValueError as err:
+            parser.error(str(err))
+        try:
+            run_demo(args.output_dir, quick=args.quick, stages=stages)
+        except FileNotFoundError as err:  # a stage whose input stage has not run
+            print(err, file=sys.stderr)
+            return 1
         return 0
     if args.command == "list":
         from ..registry import list_methods

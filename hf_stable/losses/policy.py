@@ -282,3 +282,7 @@ def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
     if num_generations < 1 or x.shape[0] % num_generations:
         raise ValueError(f"{x.shape[0]} completions do not form groups of num_generations={num_generations}.")
     return x.reshape(-1, num_generations)
+
+
+# Loss modes in their own modules register when this one is imported: the registry never depends on import order.
+from . import ess as _ess  # noqa: E402, F401

@@ -331,7 +331,9 @@ def build_plan(
         if uses_base:
             refs = [r for r in refs if not r.same_model(config.base_model)]
         elif method.base == "endpoint" and has_base:
-            refs = [config.base_model, *[r for r in refs if not r.same_model(config.base_model)]]
+            # the base's own entry, when listed, keeps its parameters (its `weight` sets slerp's t)
+            listed = next((r for r in refs if r.same_model(config.base_model)), config.base_model)
+            refs = [listed, *[r for r in refs if not r.same_model(config.base_model)]]
         if not refs:
             raise ValueError("no input model left after removing base_model from models")
         labels = _label_models(refs)

@@ -8,14 +8,16 @@ from dataclasses import dataclass, field
 
 from trl import ScriptArguments
 
+from ..hub_plan import HubDryRunArguments
+
 
 SYNTHETIC_TASKS = ("arithmetic", "arithmetic_preference")
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
 @dataclass
-class StableScriptArguments(ScriptArguments):
-    """TRL's `ScriptArguments` plus an offline synthetic dataset.
+class StableScriptArguments(ScriptArguments, HubDryRunArguments):
+    """TRL's `ScriptArguments` plus an offline synthetic dataset and `hub_dry_run` ([`HubDryRunArguments`]).
 
     Parameters:
         synthetic_dataset (`str`, *optional*):

@@ -6,6 +6,7 @@
 ```bash
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml --accelerate_config ddp
+hf-stable grpo --config examples/configs/grpo_sgrpo.yaml --push_to_hub me/model --hub_dry_run
 ```
 Reward functions are named by registry name (`hf-stable list --family reward_function`, or TRL's `trl.rewards`) or
 by dotted import path.
@@ -34,6 +35,7 @@ def main(script_args, training_args, model_args, dataset_args):
     from trl import get_quantization_config
 
     from hf_stable import StableGRPOTrainer
+    from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.rewards.resolve import resolve_reward_function
     from hf_stable.scripts.data import load_script_dataset
     from hf_stable.scripts.model import get_stable_peft_config
@@ -49,6 +51,7 @@ def main(script_args, training_args, model_args, dataset_args):
         "dtype": model_args.dtype,
         **(training_args.model_init_kwargs or {}),
     }
+    dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
     dataset = load_script_dataset(script_args, dataset_args)
     eval_split = script_args.dataset_test_split
     trainer = StableGRPOTrainer(
@@ -64,8 +67,7 @@ def main(script_args, training_args, model_args, dataset_args):
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=script_args.dataset_name or script_args.synthetic_dataset)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    push_or_plan(trainer, dry_run_repo, dataset_name=script_args.dataset_name)
     # main-process-only work above (card, push) must finish before any rank tears the process group down
     trainer.accelerator.wait_for_everyone()
     trainer.end()
@@ -84,6 +86,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
+    from hf_stable.cli._quiet import silence_known_warnings
+
+    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args, dataset_args)

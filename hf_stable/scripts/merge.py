@@ -8,6 +8,7 @@ hf-stable merge examples/configs/merge_ties.yaml ./merged                       
 hf-stable merge recipe.yaml ./merged --dry-run                                   # print the plan, write nothing
 hf-stable merge recipe.yaml ./merged --diagnose --probe-data probe.jsonl         # + merge_diagnostics.json
 hf-stable merge recipe.yaml ./merged --memory-budget 8GB --push-to-hub me/merged --private
+hf-stable merge recipe.yaml ./merged --push-to-hub me/merged --hub-dry-run          # print the planned commit
 ```
 
 Order of work: the recipe, the flags, the probe file and (with `--push-to-hub`) the presence of a Hub token are
@@ -46,7 +47,16 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="Ceiling on the engine's buffers, e.g. 2GB, 512MiB (default: the recipe's memory_budget, else 2GB).",
     )
-    parser.add_argument("--push-to-hub", metavar="REPO", default=None, help="Push the result to this Hub repo.")
+    parser.add_argument(
+        "--push-to-hub", "--push_to_hub", metavar="REPO", default=None, help="Push the result to this Hub repo."
+    )
+    parser.add_argument(
+        "--hub-dry-run",
+        "--hub_dry_run",
+        action="store_true",
+        help="With --push-to-hub: merge, then print the planned commit (files, sizes, card metadata, token scan) "
+        "instead of pushing; nothing is sent to the Hub.",
+    )
     parser.add_argument("--private", action="store_true", help="Create the Hub repository private.")
     parser.add_argument("--revision", default=None, help="Hub branch to push to (created if missing).")
     parser.add_argument(
@@ -104,6 +114,10 @@ def _check_args(args, parser: argparse.ArgumentParser) -> None:
         parser.error("--private needs --push-to-hub REPO")
     if args.revision and not args.push_to_hub:
         parser.error("--revision needs --push-to-hub REPO")
+    if args.hub_dry_run and not args.push_to_hub:
+        parser.error("--hub-dry-run needs --push-to-hub REPO")
+    if args.hub_dry_run and args.dry_run:
+        parser.error("--hub-dry-run lists the files of the finished merge; --dry-run writes none: use one of them")
     if args.probe_data is not None:
         if not os.path.isfile(args.probe_data):
             parser.error(f"--probe-data {args.probe_data!r} does not exist")
@@ -118,6 +132,8 @@ def _check_args(args, parser: argparse.ArgumentParser) -> None:
         repo = args.push_to_hub
         if repo.count("/") > 1 or not repo.strip("/"):
             parser.error(f"--push-to-hub {repo!r}: expected a repository id such as user/name")
+        if args.hub_dry_run:  # the plan reports a missing token instead
+            return
         from huggingface_hub import get_token
 
         if not get_token():
@@ -232,6 +248,13 @@ def run(args) -> int:
     print(f"merged into {out} in {elapsed:.1f} s{size}")
     if failures:
         raise MergeCLIError(f"{failures[0]}; the merged model and its card are complete in {out} (not pushed)")
+    if args.hub_dry_run:
+        from hf_stable.hub_plan import plan_commit
+        from hf_stable.merging.hub import upload_files
+
+        plan = plan_commit(out, args.push_to_hub, upload_files(out), private=args.private, revision=args.revision)
+        print(plan.render())
+        return 1 if plan.token_found else 0
     if args.push_to_hub:
         from hf_stable.merging.hub import push_merged
 

@@ -6,6 +6,7 @@
 ```bash
 hf-stable sft --config examples/configs/sft_prob.yaml
 hf-stable sft --config examples/configs/sft_prob.yaml --accelerate_config ddp --num_processes 2
+hf-stable sft --config examples/configs/sft_prob.yaml --push_to_hub me/model --hub_dry_run   # the planned commit
 python -m hf_stable.scripts.sft --model_name_or_path ./tiny --synthetic_dataset arithmetic --sft_objective prob_power \
     --output_dir out --use_cpu --bf16 false
 ```
@@ -19,6 +20,7 @@ def main(script_args, training_args, model_args, dataset_args):
     from trl import get_quantization_config
 
     from hf_stable import StableSFTTrainer
+    from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.scripts.data import load_script_dataset
     from hf_stable.scripts.model import get_stable_peft_config
 
@@ -31,6 +33,7 @@ def main(script_args, training_args, model_args, dataset_args):
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
 
+    dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
     dataset = load_script_dataset(script_args, dataset_args)
     eval_split = script_args.dataset_test_split
     trainer = StableSFTTrainer(
@@ -46,8 +49,7 @@ def main(script_args, training_args, model_args, dataset_args):
     # collective-free and main-process only: names hf_stable and the objective, never a token
     trainer.create_model_card(dataset_name=script_args.dataset_name or script_args.synthetic_dataset)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    push_or_plan(trainer, dry_run_repo, dataset_name=script_args.dataset_name)
     # main-process-only work above (card, push) must finish before any rank tears the process group down
     trainer.accelerator.wait_for_everyone()
     trainer.end()
@@ -67,6 +69,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
+    from hf_stable.cli._quiet import silence_known_warnings
+
+    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
     parser = make_parser()
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args, dataset_args)

@@ -8,6 +8,7 @@ hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable unlearn --model_name_or_path ./model --dataset_name ./my_data --forget_split forget --retain_split retain \
     --unlearn_method simnpo --output_dir out
 hf-stable unlearn --tinytofu_seed 0 --unlearn_method simnpo --output_dir out      # the offline TinyTOFU benchmark
+hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml --push_to_hub me/model --hub_dry_run
 hf-stable unlearn --model_name_or_path ./model --benchmark tofu --forget_split forget10 --data_dir TOFU --output_dir o
 ```
 Every `TrainingArguments`/`ModelConfig` flag works; `UnlearningConfig` adds `unlearn_method`, `retain_loss_type`, ....
@@ -20,9 +21,11 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from hf_stable.hub_plan import HubDryRunArguments
+
 
 @dataclass
-class UnlearnScriptArguments:
+class UnlearnScriptArguments(HubDryRunArguments):
     """Where the forget / retain / holdout rows come from.
 
     Parameters:
@@ -38,6 +41,7 @@ class UnlearnScriptArguments:
         data_dir (`str`, *optional*): that folder.
         benchmark_prompt_format (`str`, defaults to `"plain"`): `plain` ("Question: ...\nAnswer: ") or `chat`.
         evaluate (`bool`, defaults to `True`): run `evaluate_unlearning` after training.
+        hub_dry_run (`bool`, defaults to `False`): with `push_to_hub`, print the planned commit instead of pushing.
     """
 
     dataset_name: str | None = field(default=None, metadata={"help": "Hub id or local path of the dataset."})
@@ -112,8 +116,10 @@ def main(script_args, training_args, model_args):
     import copy
 
     from hf_stable import UnlearningTrainer
+    from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.scripts.model import get_stable_peft_config
 
+    dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
     model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
     try:
         trainer = UnlearningTrainer(
@@ -153,8 +159,8 @@ def main(script_args, training_args, model_args):
     # main process only; says what was unlearned and the metrics, never the forget rows or a token
     trainer.create_model_card(**card)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(**card)  # re-saves the model and rewrites the card: the same card, with the metrics
+    # re-saves the model and rewrites the card: the same card, with the metrics
+    push_or_plan(trainer, dry_run_repo, **card)
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
@@ -170,6 +176,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
+    from hf_stable.cli._quiet import silence_known_warnings
+
+    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
     parser = make_parser()
     script_args, training_args, model_args = parser.parse_args_and_config(fail_with_unknown_args=False)
     main(script_args, training_args, model_args)

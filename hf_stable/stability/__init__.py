@@ -11,7 +11,8 @@ Nothing here imports transformers or trl (only torch and safetensors): the callb
 | `update` | `drop_update` (a true skip: `p.grad = None`), `force_scaler_skip` (fp16), `scale_lr` |
 | `signals` | `StepSignals`, `StabilitySignalsMixin`, `install_signals` (loss and pre-clip grad norm of each step) |
 | `clip` | component-wise clipping: parameter groups, group norms, fixed and AdaGC coefficients |
-| `nograd` | `NoGradientError`, the deepcopy-of-a-patched-forward diagnosis |
+| `nograd` | `NoGradientError`, foreign-forward detection (`own_forward`), `OwnForwardMixin` for SFT trainers |
+| `config` | the stability fields of the hf_stable configs (`StabilityConfigMixin`, `GRPOStabilityConfigMixin`) |
 | `degenerate` | `DegenerateRunMonitor`: degenerate GRPO runs from TRL's metrics |
 | `matrix` | stable rank, power iteration, msign (SVD / Newton–Schulz), the MSign correction |
 | `drift` | pairwise distances, Spearman, RDM stability, linear CKA |

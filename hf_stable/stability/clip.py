@@ -46,8 +46,9 @@ def _group_key(name: str, groups: str | Sequence[str]) -> str:
     return name
 
 
-def group_parameters(named_params: Iterable[tuple[str, torch.Tensor]],
-                     groups: str | Sequence[str] = "param") -> dict[str, list[tuple[str, torch.Tensor]]]:
+def group_parameters(
+    named_params: Iterable[tuple[str, torch.Tensor]], groups: str | Sequence[str] = "param"
+) -> dict[str, list[tuple[str, torch.Tensor]]]:
     """``{group_name: [(param_name, param), ...]}`` in first-seen order."""
     out: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, p in named_params:
@@ -85,9 +86,16 @@ def apply_coefficients(grouped_grads: Sequence[Sequence[torch.Tensor]], coeffici
         torch._foreach_mul_(flat, scales)
 
 
-def adagc_coefficients(norms: torch.Tensor, gamma: torch.Tensor, step: int, *, warmup_steps: int = 100,
-                       lambda_abs: float = 1.0, lambda_rel: float = 1.05,
-                       beta: float = 0.98) -> tuple[torch.Tensor, torch.Tensor]:
+def adagc_coefficients(
+    norms: torch.Tensor,
+    gamma: torch.Tensor,
+    step: int,
+    *,
+    warmup_steps: int = 100,
+    lambda_abs: float = 1.0,
+    lambda_rel: float = 1.05,
+    beta: float = 0.98,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """AdaGC's clip coefficients for 1-based optimizer ``step`` and the updated EMA.
 
     Args:

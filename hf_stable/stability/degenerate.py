@@ -40,8 +40,15 @@ def _num(logs: dict, key: str) -> float | None:
 class DegenerateRunMonitor:
     """Counters per condition; ``state()``/``load_state`` are JSON."""
 
-    def __init__(self, *, patience: int = 3, zero_std_min: float = 0.99, clipped_ratio_min: float = 0.99,
-                 entropy_min: float = 0.01, kl_max: float = 2.0):
+    def __init__(
+        self,
+        *,
+        patience: int = 3,
+        zero_std_min: float = 0.99,
+        clipped_ratio_min: float = 0.99,
+        entropy_min: float = 0.01,
+        kl_max: float = 2.0,
+    ):
         self.patience = int(patience)
         self.zero_std_min = float(zero_std_min)
         self.clipped_ratio_min = float(clipped_ratio_min)
@@ -61,7 +68,8 @@ class DegenerateRunMonitor:
             masked = cfg.get("mask_truncated_completions")
             effect = (
                 "with mask_truncated_completions=True every token is masked, so loss and gradient are zero"
-                if masked else "truncated completions rarely earn reward and never learn to stop"
+                if masked
+                else "truncated completions rarely earn reward and never learn to stop"
             )
             found["truncated"] = (
                 f"completions/clipped_ratio={clipped:.3g}: almost every completion hits max_completion_length="
@@ -123,8 +131,15 @@ class DegenerateRunMonitor:
         generate_every = (cfg.get("steps_per_generation") or 1) * iterations
         on_policy = iterations == 1 and (cfg.get("gradient_accumulation_steps") or 1) % generate_every == 0
         trl_loss = cfg.get("loss_mode") in (None, "ppo")  # hf_stable's other loss modes replace TRL's loss
-        if (loss == 0.0 and grad_norm is not None and grad_norm > 0 and on_policy and trl_loss and not cfg.get("beta")
-                and cfg.get("loss_type") in ON_POLICY_ZERO_LOSS_TYPES):
+        if (
+            loss == 0.0
+            and grad_norm is not None
+            and grad_norm > 0
+            and on_policy
+            and trl_loss
+            and not cfg.get("beta")
+            and cfg.get("loss_type") in ON_POLICY_ZERO_LOSS_TYPES
+        ):
             return (
                 f"loss=0 with grad_norm={grad_norm:.3g} is expected, not a bug: on-policy (num_iterations=1) the "
                 f"probability ratio is 1, so with loss_type={cfg.get('loss_type')!r} each sequence contributes −A and "
@@ -162,8 +177,12 @@ class DegenerateRunMonitor:
         return out
 
     def state(self) -> dict:
-        return {"counts": dict(self.counts), "cooldown": dict(self.cooldown), "emitted": dict(self.emitted),
-                "zero_loss_explained": self.zero_loss_explained}
+        return {
+            "counts": dict(self.counts),
+            "cooldown": dict(self.cooldown),
+            "emitted": dict(self.emitted),
+            "zero_loss_explained": self.zero_loss_explained,
+        }
 
     def load_state(self, state: dict) -> None:
         self.counts = {k: int(v) for k, v in state.get("counts", {}).items()}

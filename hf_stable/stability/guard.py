@@ -263,13 +263,29 @@ class GuardPolicy:
     def fingerprint(self) -> float:
         """A number that differs when two ranks' states differ (compared across ranks as a safety net)."""
         return float(
-            self.accepted + 3 * self.anomalies + 5 * self.skips + 7 * self.rollbacks + 11 * self.consecutive
-            + 13 * self.cooldown_left + sum(self.loss_window.values()) + sum(self.grad_window.values())
+            self.accepted
+            + 3 * self.anomalies
+            + 5 * self.skips
+            + 7 * self.rollbacks
+            + 11 * self.consecutive
+            + 13 * self.cooldown_left
+            + sum(self.loss_window.values())
+            + sum(self.grad_window.values())
         )
 
     _SCALARS = (
-        "accepted", "anomalies", "skips", "rollbacks", "consecutive", "prev_kind", "cooldown_left",
-        "last_rollback_step", "last_rollback_target", "exhausted", "candidate_healthy", "last_candidate_step",
+        "accepted",
+        "anomalies",
+        "skips",
+        "rollbacks",
+        "consecutive",
+        "prev_kind",
+        "cooldown_left",
+        "last_rollback_step",
+        "last_rollback_target",
+        "exhausted",
+        "candidate_healthy",
+        "last_candidate_step",
         "lr_multiplier",
     )
 

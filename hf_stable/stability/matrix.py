@@ -39,8 +39,9 @@ def _float(w: torch.Tensor) -> torch.Tensor:
     return w if w.dtype == torch.float64 else w.float()
 
 
-def power_iteration(w: torch.Tensor, v: torch.Tensor | None = None, iters: int = 8,
-                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def power_iteration(
+    w: torch.Tensor, v: torch.Tensor | None = None, iters: int = 8, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest singular value of ``w`` (m, n) by ``iters`` rounds of ``v ← WᵀW v / ‖·‖``.
 
     Args:
@@ -63,8 +64,9 @@ def power_iteration(w: torch.Tensor, v: torch.Tensor | None = None, iters: int =
     return (w @ v).norm(), v
 
 
-def spectral_norm(w: torch.Tensor, v: torch.Tensor | None = None, iters: int = 8,
-                  exact_below: int = EXACT_BELOW) -> tuple[torch.Tensor, torch.Tensor | None]:
+def spectral_norm(
+    w: torch.Tensor, v: torch.Tensor | None = None, iters: int = 8, exact_below: int = EXACT_BELOW
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``‖W‖₂``: exact (``torch.linalg.matrix_norm(W, 2)``) when both sides are below ``exact_below``, else by
     [`power_iteration`] on the smaller Gram side. Returns ``(sigma, v)`` (``v`` is ``None`` on the exact path)."""
     w = _float(w)
@@ -93,9 +95,9 @@ def svd_msign(w: torch.Tensor, rtol: float | None = None) -> torch.Tensor:
     return (u[:, keep] @ vh[keep, :]) if keep.any() else torch.zeros_like(w)
 
 
-def newton_schulz_msign(w: torch.Tensor, steps: int = 5,
-                        coefficients: tuple[float, float, float] = MUON_NS_COEFFICIENTS,
-                        eps: float = 1e-7) -> torch.Tensor:
+def newton_schulz_msign(
+    w: torch.Tensor, steps: int = 5, coefficients: tuple[float, float, float] = MUON_NS_COEFFICIENTS, eps: float = 1e-7
+) -> torch.Tensor:
     """Approximate ``msign(W)``: normalise ``X = W / (‖W‖_F + eps)`` (so every singular value is ≤ 1), then
     ``steps`` times ``X ← aX + (bA + cA²)X`` with ``A = XXᵀ`` on the wide orientation (tall inputs are transposed)."""
     a, b, c = coefficients

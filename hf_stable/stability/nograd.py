@@ -10,7 +10,8 @@ forward (``trl.trainer.utils.add_fused_lm_head``: ``_fused_forward``) whose clos
 ``model.forward`` bound to that model. ``copy.deepcopy(model)`` copies the instance attribute but not the closure, so
 the copy's non-fused forward runs the *original* model's weights: its loss has a gradient, but only into the
 original's parameters, and the copy trains with ``grad_norm`` 0 and never changes. [`foreign_forwards`] finds such
-instance-level forwards whose closure calls a different module; [`diagnose_no_gradient`] turns the findings into the
+instance-level forwards that reach a different module (the one implementation, also used by [`own_forward`], which
+removes them, and by the unlearning trainer's reference copies); [`diagnose_no_gradient`] turns the findings into the
 error message.
 
 Pure torch.
@@ -18,12 +19,22 @@ Pure torch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import types
 
 import torch
 
 
-__all__ = ["NoGradientError", "diagnose_no_gradient", "foreign_forwards", "trainable_parameters"]
+__all__ = [
+    "NoGradientError",
+    "OwnForwardMixin",
+    "diagnose_no_gradient",
+    "foreign_forwards",
+    "outside_module",
+    "own_forward",
+    "trainable_parameters",
+]
 
 
 class NoGradientError(RuntimeError):
@@ -34,24 +45,37 @@ def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Par
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _closure_modules(fn) -> list[torch.nn.Module]:
-    """Modules reachable from ``fn``'s closure cells (directly, or as ``__self__`` of a bound method there)."""
-    found = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(value, torch.nn.Module):
-            found.append(value)
-        elif isinstance(value, types.MethodType) and isinstance(value.__self__, torch.nn.Module):
-            found.append(value.__self__)
-    return found
+def outside_module(obj, inside: set[int], depth: int = 4) -> torch.nn.Module | None:
+    """The first module *not* in ``inside`` (a set of ``id``s) that ``obj`` reaches: ``obj`` itself, the ``__self__``
+    of a bound method, the parts of a ``functools.partial`` or a closure cell, followed ``depth`` levels deep
+    (TRL's fused forward is a closure over a bound method of the model it patched: two levels)."""
+    if isinstance(obj, torch.nn.Module):
+        return None if id(obj) in inside else obj
+    if depth == 0:
+        return None
+    if isinstance(obj, types.MethodType):
+        return outside_module(obj.__self__, inside, depth) or outside_module(obj.__func__, inside, depth - 1)
+    if isinstance(obj, functools.partial):
+        parts = (obj.func, *obj.args, *obj.keywords.values())
+    else:
+        parts = []
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                parts.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    for part in parts:
+        found = outside_module(part, inside, depth - 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _function_name(fn) -> str:
     """The function's real name and file: ``functools.wraps`` makes a patched forward *report* the class forward's
     name, so read the code object instead (e.g. ``_fused_forward (trl/trainer/utils.py)``)."""
+    while isinstance(fn, (types.MethodType, functools.partial)):
+        fn = fn.__func__ if isinstance(fn, types.MethodType) else fn.func
     code = getattr(fn, "__code__", None)
     if code is None:
         return repr(fn)
@@ -60,22 +84,35 @@ def _function_name(fn) -> str:
 
 
 def foreign_forwards(model: torch.nn.Module) -> list[tuple[str, str, torch.nn.Module]]:
-    """Sub-modules of ``model`` whose instance-level ``forward`` closes over a module *outside* ``model``.
+    """Sub-modules of ``model`` whose instance-level ``forward`` reaches a module *outside* ``model``.
 
     Returns ``(module_name, forward_name, foreign_module)`` triples; ``module_name`` is ``""`` for ``model`` itself.
     """
-    own = {id(m) for m in model.modules()}
+    inside = {id(m) for m in model.modules()}
     hits = []
     for name, module in model.named_modules():
         forward = module.__dict__.get("forward")
         if forward is None:
             continue
-        fn = forward.__func__ if isinstance(forward, types.MethodType) else forward
-        for target in _closure_modules(fn):
-            if id(target) not in own:
-                hits.append((name, _function_name(fn), target))
-                break
+        target = outside_module(forward, inside)
+        if target is not None:
+            hits.append((name, _function_name(forward), target))
     return hits
+
+
+def own_forward(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` without the instance-level ``forward`` patches that reach a module outside ``model``.
+
+    ``copy.deepcopy`` copies such a patch together with its closure, and the closure still holds the original
+    module. TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, applied by ``SFTTrainer``) keeps
+    ``original_forward``, a bound method of the model it patched: a deep copy of a TRL-trained model runs the
+    *original's* weights. Removing the patch restores the class's own forward, which the patch calls anyway for a
+    plain (``fused_lm_head=False``) forward.
+    """
+    modules = dict(model.named_modules())
+    for name, _, _ in foreign_forwards(model):
+        del modules[name].forward
+    return model
 
 
 def diagnose_no_gradient(model: torch.nn.Module) -> str:
@@ -85,16 +122,78 @@ def diagnose_no_gradient(model: torch.nn.Module) -> str:
         name, fn_name, target = hits[0]
         where = f"`{type(model).__name__}.forward`" if not name else f"the forward of `{name}`"
         return (
-            f"{where} was replaced on the instance by `{fn_name}`, whose closure calls the forward of another "
-            f"`{type(target).__name__}` object (id {id(target):#x}), not this model's. This is the copy.deepcopy "
-            "trap: "
-            "TRL's SFTTrainer patches `model.forward` with a fused LM-head forward bound to that model, and a "
-            "`copy.deepcopy` of the patched model keeps the closure over the original's weights, so the loss flows "
-            "into the original's parameters and the copy gets no gradient. Fix: `del copied_model.forward` (restores "
-            "the class forward), or copy the model before SFTTrainer patches it."
+            f"{where} was replaced on the instance by `{fn_name}`, which calls the forward of another "
+            f"`{type(target).__name__}` object (id {id(target):#x}), not this model's, so the loss flows into that "
+            "object's parameters and this model gets no gradient. The usual cause is the copy.deepcopy trap: TRL's "
+            "SFTTrainer patches `model.forward` with a fused LM-head forward bound to that model, and a "
+            "`copy.deepcopy` of the patched model keeps the closure over the original's weights. Fix: "
+            "`hf_stable.stability.nograd.own_forward(model)` (deletes such instance forwards, restoring the class "
+            "forward), copy the model before SFTTrainer patches it, or train with StableSFTTrainer, which hands back "
+            "a model with its own forward."
         )
     return (
         "the loss does not depend on any trainable parameter. Check that the loss is computed from this model's "
         "outputs (not a copy or a detached tensor), that `requires_grad` is set on the parameters you mean to train, "
         "and that no `torch.no_grad()` / `inference_mode()` wraps the forward."
     )
+
+
+def _is_trl_fused_forward(forward) -> bool:
+    fn = forward.__func__ if isinstance(forward, types.MethodType) else forward
+    code = getattr(fn, "__code__", None)
+    path = "" if code is None else code.co_filename.replace("\\", "/")
+    return code is not None and code.co_name == "_fused_forward" and path.endswith("trl/trainer/utils.py")
+
+
+class OwnForwardMixin:
+    """Mix into a TRL ``SFTTrainer`` subclass: the model it hands back has its class's own ``forward``.
+
+    ``SFTTrainer.__init__`` patches ``model.forward`` on the instance with TRL's fused LM head (``_fused_forward`` of
+    ``trl/trainer/utils.py``), which the loss needs. Left in place after training, a ``copy.deepcopy`` of the trained
+    model keeps a closure over the trainer's model and trains the wrong weights (see [`diagnose_no_gradient`]). So the
+    patch is attached only while ``train``/``evaluate``/``predict`` (or a ``with trainer.fused_forward():`` block)
+    run, and removed when they return.
+    """
+
+    _fused_patches: list | None = None
+
+    def _detach_fused_forwards(self) -> None:
+        if self._fused_patches is None:
+            self._fused_patches = [
+                (module, module.__dict__["forward"])
+                for module in self.model.modules()
+                if "forward" in module.__dict__ and _is_trl_fused_forward(module.__dict__["forward"])
+            ]
+        for module, _ in self._fused_patches:
+            module.__dict__.pop("forward", None)
+
+    def _attach_fused_forwards(self) -> None:
+        for module, forward in self._fused_patches or ():
+            module.forward = forward
+
+    @contextlib.contextmanager
+    def fused_forward(self):
+        """The fused LM head attached for the duration (re-entrant), e.g. for a direct
+        ``model(..., fused_lm_head=True)`` call after training."""
+        depth = getattr(self, "_fused_depth", 0)
+        if depth == 0:
+            self._attach_fused_forwards()
+        self._fused_depth = depth + 1
+        try:
+            yield
+        finally:
+            self._fused_depth = depth
+            if depth == 0:  # not an evaluation inside `train`
+                self._detach_fused_forwards()
+
+    def train(self, *args, **kwargs):
+        with self.fused_forward():
+            return super().train(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        with self.fused_forward():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with self.fused_forward():
+            return super().predict(*args, **kwargs)

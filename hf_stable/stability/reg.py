@@ -40,9 +40,19 @@ def racs(n: torch.Tensor, iters: int = 1, eps: float = 1e-8) -> torch.Tensor:
 class REG(torch.optim.Optimizer):
     """See the module docstring. ``params``: parameters or param groups (a group may set ``use_reg``)."""
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
-                 weight_decay: float = 0.1, rms_target: float = 0.2, racs_iters: int = 1,
-                 adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8, eps: float = 1e-8):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.1,
+        rms_target: float = 0.2,
+        racs_iters: int = 1,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        eps: float = 1e-8,
+    ):
         from .._validation import check_int, check_number
 
         check_number("lr", lr, low=0)
@@ -52,9 +62,18 @@ class REG(torch.optim.Optimizer):
         check_int("racs_iters", racs_iters, low=1)
         for i, beta in enumerate(adamw_betas):
             check_number(f"adamw_betas[{i}]", beta, low=0, high=1, high_open=True)
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, rms_target=rms_target,
-                        racs_iters=racs_iters, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, eps=eps,
-                        use_reg=True)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            rms_target=rms_target,
+            racs_iters=racs_iters,
+            adamw_betas=tuple(adamw_betas),
+            adamw_eps=adamw_eps,
+            eps=eps,
+            use_reg=True,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()

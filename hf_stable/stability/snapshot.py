@@ -76,8 +76,14 @@ class Snapshot:
     meta: dict = field(default_factory=dict)
 
 
-def take_snapshot(step: int, named_params: Iterable[tuple[str, torch.Tensor]], optimizer=None, lr_scheduler=None,
-                  scaler=None, meta: dict | None = None) -> Snapshot:
+def take_snapshot(
+    step: int,
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    optimizer=None,
+    lr_scheduler=None,
+    scaler=None,
+    meta: dict | None = None,
+) -> Snapshot:
     """Copy ``named_params`` (the caller chooses the scope: trainable only, or all parameters and buffers), the
     optimizer's state dict, the scheduler's and the GradScaler's to CPU."""
     params = {name: p.detach().to("cpu", copy=True) for name, p in named_params}
@@ -95,9 +101,16 @@ def _scaler_enabled(scaler) -> bool:
     return bool(getattr(scaler, "is_enabled", lambda: True)())
 
 
-def restore_snapshot(snapshot: Snapshot, named_params: Iterable[tuple[str, torch.Tensor]], optimizer=None,
-                     lr_scheduler=None, scaler=None, *, restore_scheduler: bool = False,
-                     restore_hyperparameters: bool = False) -> None:
+def restore_snapshot(
+    snapshot: Snapshot,
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    optimizer=None,
+    lr_scheduler=None,
+    scaler=None,
+    *,
+    restore_scheduler: bool = False,
+    restore_hyperparameters: bool = False,
+) -> None:
     """Write ``snapshot`` back in place. Every parameter named in the snapshot must be in ``named_params``."""
     live = dict(named_params)
     missing = sorted(set(snapshot.params) - set(live))
@@ -218,7 +231,7 @@ class SnapshotStore:
                 step = int(name.split("-", 1)[1])
                 if step <= max_step:
                     steps.append(step)
-        self.confirmed = sorted(steps)[-self.history:] if self.history else []
+        self.confirmed = sorted(steps)[-self.history :] if self.history else []
         return list(self.confirmed)
 
     # -- disk ---------------------------------------------------------------------------------------------------
@@ -238,8 +251,10 @@ class SnapshotStore:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
             save_file({k: v.contiguous() for k, v in snapshot.params.items()}, os.path.join(tmp, "params.safetensors"))
-            torch.save({"optimizer": snapshot.optimizer, "scheduler": snapshot.scheduler, "scaler": snapshot.scaler},
-                       os.path.join(tmp, "state.pt"))
+            torch.save(
+                {"optimizer": snapshot.optimizer, "scheduler": snapshot.scheduler, "scaler": snapshot.scaler},
+                os.path.join(tmp, "state.pt"),
+            )
             with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
                 json.dump({"step": snapshot.step, **snapshot.meta}, f)
             _replace_dir(tmp, self._dir(slot))
@@ -254,8 +269,14 @@ class SnapshotStore:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
         state = torch.load(os.path.join(folder, "state.pt"), map_location="cpu", weights_only=True)
-        return Snapshot(step=int(meta.pop("step")), params=load_file(os.path.join(folder, "params.safetensors")),
-                        optimizer=state["optimizer"], scheduler=state["scheduler"], scaler=state["scaler"], meta=meta)
+        return Snapshot(
+            step=int(meta.pop("step")),
+            params=load_file(os.path.join(folder, "params.safetensors")),
+            optimizer=state["optimizer"],
+            scheduler=state["scheduler"],
+            scaler=state["scaler"],
+            meta=meta,
+        )
 
 
 def _replace_dir(src: str, dst: str) -> None:

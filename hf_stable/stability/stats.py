@@ -160,8 +160,14 @@ class LocalLevelFilter:
     The first ``n_init`` measurements initialise the level (their mean) and are always accepted.
     """
 
-    def __init__(self, threshold: float = 10.83, history: int = 32, q_ratio: float = 0.01, n_init: int = 3,
-                 r_floor: float = 1e-8):
+    def __init__(
+        self,
+        threshold: float = 10.83,
+        history: int = 32,
+        q_ratio: float = 0.01,
+        n_init: int = 3,
+        r_floor: float = 1e-8,
+    ):
         self.threshold = float(threshold)
         self.history = int(history)
         self.q_ratio = float(q_ratio)

@@ -7,6 +7,7 @@ train = arithmetic_dataset(2000, seed=0)                     # prompt / completi
 ```
 """
 
+from .smollm2 import smollm2_folder
 from .tasks import (
     arithmetic_dataset,
     arithmetic_preference_dataset,
@@ -24,4 +25,5 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_tokenizer",
     "evaluate_completions",
+    "smollm2_folder",
 ]

@@ -22,13 +22,17 @@ from trl import GRPOTrainer
 from .._validation import check_int
 from ..callbacks.hypervolume import HypervolumeCallback
 from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback
+from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.ess import LossModeInputsMixin
 from ..losses.policy import LOSS_MODES, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
+from ..stability.config import GRPO_GUARD_DEFAULTS
+from ..stability.signals import StabilitySignalsMixin
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
 
@@ -52,7 +56,14 @@ _EXTRA_FORWARD_KEYS = (
 )
 
 
-class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMixin, GRPOTrainer):
+class StableGRPOTrainer(
+    StabilitySignalsMixin,
+    StableStateMixin,
+    StableTrainerMixin,
+    AdapterOptimizerMixin,
+    LossModeInputsMixin,
+    GRPOTrainer,
+):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
 
@@ -110,6 +121,7 @@ class StableGRPOTrainer(StableStateMixin, StableTrainerMixin, AdapterOptimizerMi
             self.add_callback(SNRLearningRateCallback(self._snr))
         if self._controller.needs_validation:
             self.add_callback(HypervolumeCallback(self))
+        add_stability_callbacks(self, self.args, guard_defaults=GRPO_GUARD_DEFAULTS)
 
     @staticmethod
     def _load_reference(model, args):

@@ -14,6 +14,7 @@ from ..losses.policy import LOSS_MODES
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS
 from ..registry import declare_fields
 from ..rewards.stable_rank import INTRINSIC_REWARDS
+from ..stability.config import GRPOStabilityConfigMixin
 from ._base import TokenFreeConfigMixin
 
 
@@ -31,7 +32,7 @@ GRPO_REGISTRIES = (
 
 @dataclass
 @declare_fields(*GRPO_REGISTRIES)
-class StableGRPOConfig(TokenFreeConfigMixin, GRPOConfig):
+class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfig):
     r"""
     Configuration for [`StableGRPOTrainer`]: every [`~trl.GRPOConfig`] field plus the GRPO variants below. With every
     new field at its default the trainer is TRL's `GRPOTrainer`. Composition rules: one advantage estimator, one loss
@@ -51,7 +52,8 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOConfig):
         loss_mode (`str`, *optional*, defaults to `"ppo"`):
             `"ppo"` (TRL's surrogate for `loss_type`), `"drpo"` (decoupled reward policy optimisation, arXiv
             2510.04474) or `"onpolicy_sft"` (SFT on the model's own correct, complete samples, arXiv 2602.13407).
-            Both new modes need `beta=0` and no Liger kernel, and replace the advantage estimator.
+            Both new modes need `beta=0` and no Liger kernel, and replace the advantage estimator. `"ess"`: the
+            ESS-adaptive policy loss (P3O, arXiv 1905.01756; `hf_stable.losses.ess`), with `loss_type="dapo"`.
         reward_weighting (`str`, *optional*, defaults to `"static"`):
             `"static"`, `"hypervolume"`, `"gradient"` (both arXiv 2509.11452), `"ctwa"` (arXiv 2602.06869) or
             `"lagrangian"` (arXiv 2310.04373).
@@ -71,7 +73,7 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOConfig):
     delta_l_alpha: float | None = field(
         default=None, metadata={"help": "ΔL normalisation exponent (needs loss_type='dr_grpo'); None: off."}
     )
-    loss_mode: str = field(default="ppo", metadata={"help": "Loss mode: 'ppo', 'drpo' or 'onpolicy_sft'."})
+    loss_mode: str = field(default="ppo", metadata={"help": "Loss mode: 'ppo', 'drpo', 'onpolicy_sft' or 'ess'."})
     reward_weighting: str = field(
         default="static",
         metadata={"help": "Reward-weight controller: 'static', 'hypervolume', 'gradient', 'ctwa' or 'lagrangian'."},

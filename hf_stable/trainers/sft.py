@@ -18,8 +18,11 @@ import warnings
 import torch
 from trl import SFTTrainer
 
+from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.sft import SFT_SAMPLE_REWEIGHTING, SFT_SEQUENCE_OBJECTIVES, sequence_mean
+from ..stability.nograd import OwnForwardMixin
+from ..stability.signals import StabilitySignalsMixin
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from ._sft_data import INDEX_COLUMN, SIGN_COLUMN, ExtraColumnsCollator, SFTDataMixin
 from ._sft_probe import PROBE_FILE, ObjectiveProbeMixin
@@ -36,7 +39,14 @@ def _accumulate(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor
 
 
 class StableSFTTrainer(
-    StableStateMixin, StableTrainerMixin, ObjectiveProbeMixin, SFTDataMixin, AdapterOptimizerMixin, SFTTrainer
+    StabilitySignalsMixin,
+    OwnForwardMixin,
+    StableStateMixin,
+    StableTrainerMixin,
+    ObjectiveProbeMixin,
+    SFTDataMixin,
+    AdapterOptimizerMixin,
+    SFTTrainer,
 ):
     """TRL's [`~trl.SFTTrainer`] with the objectives of [`StableSFTConfig`].
 
@@ -119,6 +129,7 @@ class StableSFTTrainer(
             self._reweighting = reweighting(self._num_samples, **reweighting.params_from(args))
         self._reset_step()
         self._step_counts: dict[str, torch.Tensor] | None = None
+        add_stability_callbacks(self, self.args)
 
     @property
     def _multipliers(self) -> torch.Tensor | None:

@@ -10,6 +10,7 @@ from trl import SFTConfig
 
 from ..losses.sft import SFT_OBJECTIVES, SFT_SAMPLE_REWEIGHTING, SFT_SEQUENCE_OBJECTIVES, parse_auto_rule
 from ..registry import declare_fields
+from ..stability.config import StabilityConfigMixin
 from ._base import TokenFreeConfigMixin
 
 
@@ -19,7 +20,7 @@ SFT_REGISTRIES = (SFT_OBJECTIVES, SFT_SEQUENCE_OBJECTIVES, SFT_SAMPLE_REWEIGHTIN
 
 @dataclass
 @declare_fields(*SFT_REGISTRIES)
-class StableSFTConfig(TokenFreeConfigMixin, SFTConfig):
+class StableSFTConfig(TokenFreeConfigMixin, StabilityConfigMixin, SFTConfig):
     r"""
     Configuration for [`StableSFTTrainer`]: every [`~trl.SFTConfig`] field, plus the objectives below. With every new
     field at its default the trainer is TRL's `SFTTrainer`. Each objective's own fields are listed after the

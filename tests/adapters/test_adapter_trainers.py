@@ -161,3 +161,48 @@ def test_model_card_names_the_adapter_and_how_to_load_it(tmp_path, kind):
     card = (tmp_path / "README.md").read_text()
     assert ("2505.23094" in card) == (kind == "map") and ("2509.24166" in card) == (kind == "sine")
     assert "load_adapter" in card and f"variant: {kind}" in card
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_resume_from_an_adapter_checkpoint_continues_exactly(tmp_path, kind):
+    """`Trainer` resumes a PEFT model through `PeftModel.load_adapter` on the checkpoint folder, i.e. through the
+    saved `peft_type` marker: 1 step + resume + 1 step ends where 2 uninterrupted steps do."""
+    import json
+
+    from sft_helpers import STEP_ARGS, dataset_for
+
+    from hf_stable import StableSFTConfig, StableSFTTrainer
+    from hf_stable._peft_hook import SAVED_PEFT_TYPE
+    from hf_stable.testing import build_tiny_model
+
+    def trainer(out, **overrides):
+        model, tokenizer = build_tiny_model(seed=0)
+        args = StableSFTConfig(
+            output_dir=str(out), per_device_train_batch_size=GLOBAL_BATCH, **{**STEP_ARGS, **ADAM, **overrides}
+        )
+        torch.manual_seed(0)
+        return StableSFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset_for({}),
+            processing_class=tokenizer,
+            peft_config=adapter_config(kind),
+        )
+
+    def adapter_state(t):
+        return {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+
+    straight = trainer(tmp_path / "straight")
+    straight.train()
+    interrupted = trainer(tmp_path / "cut", save_strategy="steps", save_steps=1, max_steps=1)
+    interrupted.train()
+    saved = json.loads((tmp_path / "cut" / "checkpoint-1" / "adapter_config.json").read_text())
+    assert saved["peft_type"] == SAVED_PEFT_TYPE
+    resumed = trainer(tmp_path / "cut", save_strategy="steps", save_steps=1)
+    start = adapter_state(resumed)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-1"))
+    expected, actual = adapter_state(straight), adapter_state(resumed)
+    assert set(actual) == set(expected)
+    assert any(not torch.equal(start[n], actual[n]) for n in actual)
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-7)

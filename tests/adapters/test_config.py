@@ -34,7 +34,10 @@ class Tiny(torch.nn.Module):
             {"use_map": True, "alora_invocation_tokens": [1, 2], "task_type": "CAUSAL_LM"},
             r"`use_map` cannot be combined with .*alora",
         ),
-        ({"use_sine": True, "init_lora_weights": "mica"}, r"`use_sine` cannot be combined with .*mica"),
+        (
+            {"use_sine": True, "init_lora_weights": "mica"},
+            r"`init_lora_weights`='mica' cannot be used with `use_sine`",
+        ),
     ],
 )
 def test_refused_combinations(kwargs, match):
@@ -147,3 +150,66 @@ def test_embedding_target_is_refused_clearly():
 
     with pytest.raises(ValueError, match="not embeddings"):
         get_peft_model(WithEmbedding(), StableLoraConfig(r=2, target_modules=["embed"], use_sine=True))
+
+
+def _peft_init_values():
+    """Every `init_lora_weights` value PEFT declares (its type annotation), plus the ones its dispatcher reads by
+    prefix or documents outside the annotation: a new PEFT init shows up here and must be classified."""
+    import typing
+
+    hint = typing.get_type_hints(LoraConfig)["init_lora_weights"]
+    values = [True, False]
+    for arg in typing.get_args(hint):
+        values += [v.replace("[number of iters]", "4") for v in typing.get_args(arg)]
+    return [*dict.fromkeys([*values, "lora_ga", "corda_kpm"])]
+
+
+BASE_MODIFYING = {"pissa", "pissa_niter_4", "olora", "corda", "corda_kpm", "lora_ga", "loftq"}
+
+
+def test_every_peft_init_is_classified():
+    from hf_stable.adapters.config import BASE_PRESERVING_INITS, REFUSED_INITS
+
+    for value in _peft_init_values():
+        assert value in BASE_PRESERVING_INITS or any(str(value).startswith(k) for k in REFUSED_INITS), value
+    assert BASE_MODIFYING <= set(_peft_init_values())
+
+
+@pytest.mark.parametrize("variant", ["use_map", "use_sine"])
+@pytest.mark.parametrize("init", [v for v in _peft_init_values() if v not in (True, False, "gaussian", "orthogonal")])
+def test_inits_other_than_base_preserving_are_refused_by_name(variant, init):
+    extra = {"loftq_config": {"loftq_bits": 4}} if init == "loftq" else {}
+    with pytest.raises(ValueError, match=rf"`init_lora_weights`={init!r} cannot be used with `{variant}`") as error:
+        StableLoraConfig(r=2, target_modules=["proj"], init_lora_weights=init, **{variant: True}, **extra)
+    if init in BASE_MODIFYING:
+        assert "step 0 would not be the base model" in str(error.value)
+    # plain LoRA keeps PEFT's behaviour
+    StableLoraConfig(r=2, target_modules=["proj"], init_lora_weights=init, **extra)
+
+
+@pytest.mark.parametrize("variant", ["use_map", "use_sine"])
+@pytest.mark.parametrize("init", [True, False, "gaussian", "orthogonal"])
+def test_base_preserving_inits_give_the_base_model_at_step_0(variant, init):
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        expected = model(x)
+        adapted = get_peft_model(
+            model, StableLoraConfig(r=2, target_modules=["proj"], init_lora_weights=init, **{variant: True})
+        )(x)
+    if init is False and variant == "use_sine":  # PEFT's debugging init: random A and B, not a no-op by design
+        assert not torch.equal(adapted, expected)
+    elif init == "orthogonal" and variant == "use_sine":  # B A = 0 up to round-off, then sin(ω·BA)·s/g
+        torch.testing.assert_close(adapted, expected, rtol=0, atol=1e-6)
+    else:
+        assert torch.equal(adapted, expected)
+
+
+def test_pissa_would_have_moved_the_step_0_model():
+    """The reason for the refusal, measured on the same layer: plain LoRA with PiSSA rewrites W0."""
+    torch.manual_seed(0)
+    model = Tiny()
+    w0 = model.proj.weight.detach().clone()
+    get_peft_model(model, LoraConfig(r=2, target_modules=["proj"], init_lora_weights="pissa"))
+    assert not torch.equal(model.proj.base_layer.weight, w0)

@@ -17,6 +17,7 @@ from peft import get_peft_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from hf_stable._peft_hook import SAVED_PEFT_TYPE
 from hf_stable.adapters import StableLoraConfig, check_adapter, load_adapter
 
 
@@ -99,6 +100,12 @@ WITH_HF_STABLE = textwrap.dedent(
     record("auto_map", AutoPeftModelForCausalLM.from_pretrained(map_dir), map_dir)
     record("load_adapter_sine", load_adapter(AutoModelForCausalLM.from_pretrained(base), sine_dir), sine_dir)
     record("peft_sine", PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), sine_dir), sine_dir)
+    record("auto_sine", AutoPeftModelForCausalLM.from_pretrained(sine_dir), sine_dir)
+    for variant, path in (("map", map_dir), ("sine", sine_dir)):  # transformers' own adapter loading
+        model = AutoModelForCausalLM.from_pretrained(base)
+        model.load_adapter(path)
+        with torch.no_grad():
+            logits[f"transformers_{variant}"] = model.eval()(input_ids=ids).logits
     save_file(logits, out + "/logits.safetensors")
     json.dump(meta, open(out + "/meta.json", "w"))
     """
@@ -108,36 +115,37 @@ WITHOUT_HF_STABLE = textwrap.dedent(
     """
     import json, sys, warnings
     import torch
-    from peft import PeftModel
+    from peft import AutoPeftModelForCausalLM, PeftConfig, PeftModel
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    base, map_dir, expected, out = sys.argv[1:]
+    base, map_dir, sine_dir, expected, out = sys.argv[1:]
     ids = load_file(expected)["ids"]
-    logits, meta = {}, {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), map_dir).eval()
-    layer = model.base_model.model.model.layers[0].mlp.down_proj
-    with torch.no_grad():
-        logits["stock"] = model(input_ids=ids).logits
-    meta["stock"] = {
-        "hf_stable_imported": "hf_stable" in sys.modules,
-        "layer": type(layer).__name__,
-        "variants": sorted(layer.lora_variant),
-        "has_map_params": hasattr(layer, "lora_map_a"),
-        "config": type(model.peft_config["default"]).__name__,
-        "warnings": [str(w.message) for w in caught],
+    logits, meta = {}, {"hf_stable_imported": "hf_stable" in sys.modules}
+    loaders = {
+        "peft": lambda path: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path),
+        "auto": lambda path: AutoPeftModelForCausalLM.from_pretrained(path),
+        "config": lambda path: PeftConfig.from_pretrained(path),
+        "transformers": lambda path: AutoModelForCausalLM.from_pretrained(base).load_adapter(path),
     }
+    for variant, path in (("map", map_dir), ("sine", sine_dir)):
+        for how, load in loaders.items():
+            try:
+                load(path)
+            except Exception as error:
+                meta[f"{how}_{variant}"] = [type(error).__name__, str(error)]
+            else:
+                meta[f"{how}_{variant}"] = None
 
     import hf_stable  # late: peft is loaded already, so the hook wraps it directly
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), map_dir).eval()
-    with torch.no_grad():
-        logits["late_import"] = model(input_ids=ids).logits
-    layer = model.base_model.model.model.layers[0].mlp.down_proj
-    meta["late_import"] = {"layer": type(layer).__name__, "variants": sorted(layer.lora_variant)}
+    for variant, path in (("map", map_dir), ("sine", sine_dir)):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path).eval()
+        with torch.no_grad():
+            logits[f"late_{variant}"] = model(input_ids=ids).logits
+        layer = model.base_model.model.model.layers[0].mlp.down_proj
+        meta[f"late_{variant}"] = {"layer": type(layer).__name__, "variants": sorted(layer.lora_variant)}
     save_file(logits, out + "/logits.safetensors")
     json.dump(meta, open(out + "/meta.json", "w"))
     """
@@ -163,7 +171,7 @@ def fresh_with_hf_stable(saved):
 
 @pytest.fixture(scope="module")
 def fresh_without_hf_stable(saved):
-    args = [saved["base"], saved["map"], str(saved["root"] / "expected.safetensors")]
+    args = [saved["base"], saved["map"], saved["sine"], str(saved["root"] / "expected.safetensors")]
     return run_fresh(WITHOUT_HF_STABLE, args, str(saved["root"] / "without"))
 
 
@@ -179,8 +187,9 @@ def test_saved_files_mark_the_variant(saved):
             "variants": [variant],
             "needs_hf_stable": True,
             "hf_stable_version": __version__,
-            "peft_type": "LORA",
+            "peft_type": SAVED_PEFT_TYPE,
         }
+        assert config["peft_type"] == SAVED_PEFT_TYPE
     keys = load_file(os.path.join(saved["map"], "adapter_model.safetensors"))
     assert sum(k.endswith(("lora_map_a", "lora_map_b")) for k in keys) == 2 * 14
 
@@ -218,6 +227,7 @@ def test_load_adapter_trainable_under_another_name(saved):
         ("auto_map", "map"),
         ("load_adapter_sine", "sine"),
         ("peft_sine", "sine"),
+        ("auto_sine", "sine"),
     ],
 )
 def test_fresh_process_with_hf_stable_reproduces_logits_exactly(saved, fresh_with_hf_stable, name, variant):
@@ -232,23 +242,126 @@ def test_fresh_process_with_hf_stable_reproduces_logits_exactly(saved, fresh_wit
     }
 
 
-def test_fresh_process_without_hf_stable_silently_loads_plain_lora(saved, fresh_without_hf_stable):
-    """Upstream behaviour we cannot prevent without our import: PEFT drops the unknown `use_map` key (with only a
-    "higher version" warning) and builds plain LoRA layers, whose outputs are wrong. `check_adapter` flags it."""
-    logits, meta = fresh_without_hf_stable
-    stock = meta["stock"]
-    assert stock["hf_stable_imported"] is False
-    assert (stock["layer"], stock["variants"], stock["has_map_params"], stock["config"]) == (
-        "Linear",
-        [],
-        False,
-        "LoraConfig",
-    )
-    assert any("use_map" in w and "higher version" in w for w in stock["warnings"])
-    assert (logits["stock"] - saved["logits"]["map"]).abs().max() > 1e-2
-    report = check_adapter(saved["map"])
-    assert report["needs_hf_stable"] is True and report["variants"] == ["map"]
+@pytest.mark.parametrize("variant", ["map", "sine"])
+def test_fresh_process_with_hf_stable_transformers_load_adapter(saved, fresh_with_hf_stable, variant):
+    """`transformers`' own `model.load_adapter` restores the variant too. For MAP only to fp32 round-off (1.8e-7 on
+    the logits): every tensor and ‖W0‖ load bit-equal, the difference is in how the loaded layers compute."""
+    logits, _ = fresh_with_hf_stable
+    torch.testing.assert_close(logits[f"transformers_{variant}"], saved["logits"][variant], rtol=0, atol=1e-6)
+    assert (
+        logits[f"transformers_{variant}"] - saved["logits"]["map" if variant == "sine" else "sine"]
+    ).abs().max() > 1e-3
 
-    # importing hf_stable after peft still fixes later loads
-    assert meta["late_import"] == {"layer": "StableLinear", "variants": ["default"]}
-    assert torch.equal(logits["late_import"], saved["logits"]["map"])
+
+@pytest.mark.parametrize("variant", ["map", "sine"])
+@pytest.mark.parametrize("how", ["peft", "auto", "config", "transformers"])
+def test_fresh_process_without_hf_stable_refuses_loudly(saved, fresh_without_hf_stable, how, variant):
+    """Stock PEFT (no `import hf_stable`) must not build plain LoRA from a MAP/sine folder: every loader raises,
+    and the message names hf_stable. (With a `peft_type` of "LORA" it loaded plain LoRA, logits off by 0.49.)"""
+    _, meta = fresh_without_hf_stable
+    assert meta["hf_stable_imported"] is False
+    assert meta[f"{how}_{variant}"] is not None, f"stock PEFT loaded a {variant} adapter through {how}"
+    kind, message = meta[f"{how}_{variant}"]
+    assert kind == "KeyError" and SAVED_PEFT_TYPE in message and "import hf_stable" in message
+
+
+@pytest.mark.parametrize("variant", ["map", "sine"])
+def test_importing_hf_stable_after_peft_loads_exactly(saved, fresh_without_hf_stable, variant):
+    logits, meta = fresh_without_hf_stable
+    assert meta[f"late_{variant}"] == {"layer": "StableLinear", "variants": ["default"]}
+    assert torch.equal(logits[f"late_{variant}"], saved["logits"][variant])
+
+
+def test_adapter_saved_with_peft_type_lora_still_loads(saved, tmp_path):
+    """Folders written before the `peft_type` marker (`"LORA"` plus `use_map`) load exactly through hf_stable."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(saved["map"], old)
+    config_file = old / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["peft_type"] = "LORA"
+    config_file.write_text(json.dumps(config))
+    assert check_adapter(str(old))["needs_hf_stable"] is True
+    model = load_adapter(AutoModelForCausalLM.from_pretrained(saved["base"]), str(old))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=saved["ids"]).logits, saved["logits"]["map"])
+
+
+# Runs in a fresh interpreter with one PEFT internal the hook needs removed, as a PEFT refactor would.
+# argv = order ("peft_first": peft is loaded before hf_stable; "hf_stable_first": the internal disappears while
+# `peft.config` is being imported under the hook), the attribute, base dir, map dir, expected file, output dir.
+HOOK_BROKEN = textwrap.dedent(
+    """
+    import importlib.abc, importlib.util, json, sys, warnings
+    import torch
+
+    order, attribute, base, map_dir, expected, out = sys.argv[1:]
+    torch.set_num_threads(1)
+    warnings.simplefilter("always")
+    caught = warnings.catch_warnings(record=True)
+    records = caught.__enter__()
+
+    class MovedInternal(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != "peft.config":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            self.loader = spec.loader
+            spec.loader = self
+            return spec
+
+        def create_module(self, spec):
+            return self.loader.create_module(spec)
+
+        def exec_module(self, module):
+            self.loader.exec_module(module)
+            delattr(module.PeftConfigMixin, attribute)
+
+    if order == "peft_first":
+        import peft.config
+        delattr(peft.config.PeftConfigMixin, attribute)
+        import hf_stable
+    else:
+        import hf_stable
+        sys.meta_path.insert(1, MovedInternal())  # right after hf_stable's finder, which delegates to it
+    import peft
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    from hf_stable.adapters import load_adapter
+
+    meta = {"removed": not hasattr(peft.config.PeftConfigMixin, attribute)}
+    try:
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), map_dir)
+    except Exception as error:
+        meta["peft_load"] = type(error).__name__
+    else:
+        meta["peft_load"] = None
+    model = load_adapter(AutoModelForCausalLM.from_pretrained(base), map_dir).eval()
+    with torch.no_grad():
+        logits = {"load_adapter": model(input_ids=load_file(expected)["ids"]).logits}
+    meta["warnings"] = [str(w.message) for w in records if "hf_stable could not hook" in str(w.message)]
+    save_file(logits, out + "/logits.safetensors")
+    json.dump(meta, open(out + "/meta.json", "w"))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("order", "attribute"), [("peft_first", "from_peft_type"), ("hf_stable_first", "_get_peft_type")]
+)
+def test_hook_fails_soft_when_peft_internals_move(saved, order, attribute):
+    """`import peft` keeps working, one warning names the lost feature, PEFT's loaders refuse the MAP folder
+    loudly, and `load_adapter` still reproduces the trained logits."""
+    args = [order, attribute, saved["base"], saved["map"], str(saved["root"] / "expected.safetensors")]
+    logits, meta = run_fresh(HOOK_BROKEN, args, str(saved["root"] / f"broken-{order}-{attribute}"))
+    assert meta["removed"] is True
+    assert len(meta["warnings"]) == 1, meta["warnings"]
+    assert (
+        attribute in meta["warnings"][0]
+        and "loading MAP/sine adapters through PEFT's own loaders" in (meta["warnings"][0])
+    )
+    assert meta["peft_load"] in ("KeyError", "AttributeError")  # AttributeError: stock PEFT needs it as well
+    assert torch.equal(logits["load_adapter"], saved["logits"]["map"])

@@ -490,7 +490,7 @@ def test_search_certificate(metric, budget, sigma_hi):
 
     at_sigma = independent_criterion(model, batches, sigma, metric, SEARCH["n_samples"], SEARCH["seed"])
     at_double = independent_criterion(model, batches, 2 * sigma, metric, SEARCH["n_samples"], SEARCH["seed"])
-    assert at_sigma <= budget < at_double
+    assert at_sigma <= budget < at_double and result["certified"] is True
     assert at_sigma == pytest.approx(result["criterion"], rel=1e-5, abs=1e-12)
     assert at_double == pytest.approx(result["criterion_at_2sigma"], rel=1e-5, abs=1e-12)
     history = dict(result["history"])
@@ -517,9 +517,18 @@ def test_search_reference_quirks(metric, budget):
     model = _tiny_lora()
     batches = _anchor_batches()
     sigma_hi = 1.0
-    result = tfb_bayesianize(
-        model, batches, metric=metric, budget=budget, sigma_hi=sigma_hi, reference_quirks=True, **SEARCH
-    )
+    with pytest.warns(UserWarning, match="uncertified"):
+        result = tfb_bayesianize(
+            model,
+            batches,
+            metric=metric,
+            budget=budget,
+            sigma_hi=sigma_hi,
+            reference_quirks=True,
+            allow_uncertified=True,
+            **SEARCH,
+        )
+    assert result["certified"] is False
 
     def crit(sigma, quirks=True):
         return independent_criterion(model, batches, sigma, metric, SEARCH["n_samples"], SEARCH["seed"], quirks)
@@ -539,12 +548,28 @@ def test_search_reference_quirks(metric, budget):
         assert crit(best, quirks=False) > result["n_anchor"] * budget  # N times looser than the plain criterion
 
 
-def test_search_reports_sigma_hi_when_nothing_violates():
+def test_search_raises_when_nothing_violates_up_to_sigma_hi():
+    """σ_hi within the budget gives no certificate (2σ_hi was never seen to violate): refused, and no sampler is
+    installed, unless `allow_uncertified=True`, which returns σ_hi flagged `certified=False` with a warning."""
     model = _tiny_lora()
-    with pytest.warns(UserWarning, match="sigma_hi"):
-        result = tfb_bayesianize(model, _anchor_batches(), metric="flip", budget=0.5, sigma_hi=1e-5, **SEARCH)
-    assert result["sigma"] == 1e-5 and result["criterion"] <= 0.5
+    with pytest.raises(ValueError, match=r"no certified σ.*sigma_hi=1e-05.*`allow_uncertified=True`"):
+        tfb_bayesianize(model, _anchor_batches(), metric="flip", budget=0.5, sigma_hi=1e-5, **SEARCH)
+    assert not hasattr(model, "tfb_sampler")
+    with pytest.warns(UserWarning, match="uncertified"):
+        result = tfb_bayesianize(
+            model, _anchor_batches(), metric="flip", budget=0.5, sigma_hi=1e-5, allow_uncertified=True, **SEARCH
+        )
+    assert result["sigma"] == 1e-5 and result["criterion"] <= 0.5 and result["certified"] is False
+    assert result["criterion_at_2sigma"] <= 0.5
     assert model.tfb_sampler.sigma == 1e-5
+
+
+def test_reference_quirks_needs_the_uncertified_opt_in():
+    model = _tiny_lora()
+    with pytest.raises(ValueError, match=r"`reference_quirks=True`.*`allow_uncertified=True`"):
+        tfb_bayesianize(model, _anchor_batches(), metric="flip", budget=0.1, reference_quirks=True, **SEARCH)
+    with pytest.raises(TypeError, match="`allow_uncertified`"):
+        tfb_bayesianize(model, _anchor_batches(), allow_uncertified="yes", **SEARCH)
 
 
 def test_search_weight_per_sequence():

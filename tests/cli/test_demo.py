@@ -1,23 +1,97 @@
-"""`hf-stable demo` (what `make demo` runs) end to end, in its short form."""
+"""`hf-stable demo` (what `make demo` runs): every stage at reduced size in a fresh process (so import-time library
+messages are seen too), then its outputs: results.json, the summary table, the plots, the merged model reloaded with
+plain transformers and generating, and no library warning on stderr."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from hf_stable.cli.demo import STAGE_NAMES, parse_stages
 from hf_stable.cli.main import main
 
 
+def test_parse_stages():
+    assert parse_stages(None) == list(STAGE_NAMES) == parse_stages("all")
+    assert parse_stages("merge, sft") == ["sft", "merge"]  # the demo's order, whatever the user's
+    with pytest.raises(ValueError, match=r"unknown stage 'grpoo'\. Allowed values: sft, grpo, merge"):
+        parse_stages("sft,grpoo")
+    with pytest.raises(ValueError, match="unknown stage ''"):
+        parse_stages("sft,")
+
+
+def test_bad_stage_and_missing_input_stage(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--stages", "sft,fine-tune", "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "unknown stage 'fine-tune'" in capsys.readouterr().err
+    assert main(["demo", "--quick", "--stages", "merge", "--output_dir", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "written by the 'sft' stage" in err and "--stages sft" in err
+
+
 @pytest.mark.slow
-def test_demo_quick(tmp_path, capsys):
-    assert main(["demo", "--output_dir", str(tmp_path), "--quick"]) == 0
-    printed = capsys.readouterr().out
-    assert "held-out exact match" in printed and "nll" in printed and "-p" in printed
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert [r["objective"] for r in results["results"]] == ["nll", "-p"]
-    for run in results["results"]:
-        assert 0 <= run["exact_match"] <= 1 and 0 < run["mean_p"] < 1 and run["history"]
-    assert (tmp_path / "loss_curves.png").stat().st_size > 10_000
-    assert "fictitious authors on TinyTOFU" in printed and "forget accuracy" in printed
-    unlearning = results["unlearning"]
+def test_demo_all_stages_quick(tmp_path):
+    out = tmp_path / "demo_output"
+    script = os.path.join(os.path.dirname(sys.executable), "hf-stable")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_OFFLINE", None)  # as a user runs it: the demo itself must keep the libraries off the Hub
+    result = subprocess.run([script, "demo", "--quick", "--output_dir", str(out)], capture_output=True, text=True,
+                            env=env, timeout=1500)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Warning" not in result.stderr and "warnings.warn" not in result.stderr, result.stderr[-3000:]
+    assert "kernels-community" not in result.stdout + result.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
+    assert list(stages) == list(STAGE_NAMES) and results["quick"] is True
+    table = result.stdout[result.stdout.index("stage  ") :]
+    for row in results["summary"]:  # one printed row per stage, with its wall time and artifacts folder
+        assert row["wall_time_s"] >= 0 and os.path.exists(row["artifacts"])
+        line = next(line for line in table.splitlines() if line.startswith(row["stage"] + " "))
+        assert row["what"] in line and row["before"] in line and row["after"] in line
+
+    sft = stages["sft"]
+    assert set(sft["runs"]) == {"nll", "-p"} and all(0 <= r["exact_match"] <= 1 for r in sft["runs"].values())
+    grpo = stages["grpo"]
+    assert {r["advantage_estimator"] for r in grpo["runs"].values()} == {"grpo", "sgrpo", "maxrl"}
+    merge = stages["merge"]["exact_match"]
+    assert {"s-grpo", "maxrl", "merge wsm", "merge fisher-rao"} <= set(merge) and stages["merge"]["wsm_inputs"] >= 2
+    unlearning = stages["unlearn"]
     assert unlearning["before"]["forget_acc"] >= 0.95  # the TinyTOFU model memorised the authors to forget
     assert unlearning["after"]["forget_acc"] < unlearning["before"]["forget_acc"]
+    guard = stages["stability"]["runs"]
+    assert guard["unguarded"]["guard_decisions"] == [] and any(
+        d[2] == "rollback" for d in guard["guarded"]["guard_decisions"]
+    )
+    assert guard["guarded"]["final_loss_last5"] < guard["unguarded"]["final_loss_last5"]
+    assert guard["clean"]["guard_decisions"] == []
+    push = stages["push"]
+    folder = out / "merge" / "fisher-rao"
+    assert set(push["files"]) == {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert "Planned Hub commit" in result.stdout and push["repo_id"] in result.stdout
+    for png in ("sft/loss_curves.png", "grpo/reward_curves.png", "stability/spike.png"):
+        assert (out / png).stat().st_size > 10_000, png
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)  # the merged folder, with plain transformers
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("12+34=", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    generated = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert generated.shape[1] > ids.shape[1] and torch.isfinite(model(generated).logits).all()
+    assert set(stages["merge"]["generated_by_fisher_rao_merge"]) == {r["prompt"] for r in list(_test_rows())[:3]}
+
+    # a subset run updates its stage and keeps the others' numbers
+    assert main(["demo", "--quick", "--stages", "push", "--output_dir", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert list(again["stages"]) == list(STAGE_NAMES) and again["stages"]["sft"] == stages["sft"]
+
+
+def _test_rows():
+    from hf_stable.cli.demo_stages import QUICK
+    from hf_stable.testing import arithmetic_dataset
+
+    return arithmetic_dataset(QUICK.test_rows, seed=1234)

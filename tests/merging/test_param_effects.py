@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from merge_helpers import load_folder_state_dict
 
 from hf_stable.merging.methods import MERGE_METHODS, get_merge_method
 from hf_stable.merging.reference import merge_tensors
@@ -112,8 +113,8 @@ def _outcome(name, params, weights):
         return None, str(err)
 
 
-@pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
-def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
+def _case(name, param):
+    """`(context, params, weights, value)`: the parameters of the default run, and those of the changed run."""
     if param in IO_ONLY:
         pytest.skip(IO_ONLY[param])
     method = get_merge_method(name)
@@ -123,16 +124,86 @@ def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
     value = CHANGED_FOR.get((name, param), CHANGED[param])
     if value == "flip":
         value = not declared.default
-    weights = None
-    if param == "weight":
-        params, weights = dict(context), value
-    else:
-        params = {**context, param: value}
     assert value != declared.default, f"{name}.{param}: the changed value equals the default"
+    if param == "weight":
+        return context, dict(context), value, value
+    return context, {**context, param: value}, None, value
+
+
+def _refused_by_name(name, param, default_err, changed_err) -> bool:
+    if default_err is None and changed_err is None:
+        return False
+    err = changed_err if changed_err is not None else default_err
+    assert f"`{param}`" in err or param in err, f"{name}.{param}: refused without naming it: {err}"
+    return True
+
+
+@pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
+def test_changing_a_parameter_changes_the_merge_or_is_refused(name, param):
+    context, params, weights, value = _case(name, param)
     default_out, default_err = _outcome(name, context, None)
     changed_out, changed_err = _outcome(name, params, weights)
-    if default_err is not None or changed_err is not None:
-        err = changed_err if changed_err is not None else default_err
-        assert f"`{param}`" in err or param in err, f"{name}.{param}: refused without naming it: {err}"
+    if _refused_by_name(name, param, default_err, changed_err):
         return
     assert not torch.equal(default_out, changed_out), f"{name}.{param}={value!r} does not change the merge"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The same matrix through a recipe: parsed by `MergeConfig` (per-model parameters under each model, the others under
+# the recipe's `parameters:`), planned and merged by the streaming engine on pico checkpoints. A parameter that the
+# parser, planner or engine dropped on the way to the method would pass above and fail here.
+
+_RECIPE_DEFAULTS: dict = {}
+
+
+def _recipe(name, params, weights, pico_models):
+    method = get_merge_method(name)
+    base, experts = pico_models["base"], pico_models["experts"]
+    n = method.max_models or 3
+    if method.base == "endpoint":  # mergekit's form: the base is listed first among the models
+        paths = [base, *experts[: n - 1]]
+    else:
+        paths = experts[:n]
+    per_model = {k: v for k, v in params.items() if method.param(k) is not None and method.param(k).per_model}
+    models = []
+    for i, path in enumerate(paths):
+        own = {k: (v[i] if isinstance(v, list) else v) for k, v in per_model.items()}
+        if weights is not None:
+            own["weight"] = weights[i]
+        models.append({"model": path, **({"parameters": own} if own else {})})
+    recipe = {
+        "merge_method": name,
+        "models": models,
+        "parameters": {k: v for k, v in params.items() if k not in per_model},
+        "seed": 1,
+    }
+    if method.base in ("task_vector", "optional", "endpoint") or params.get("space") == "task_vector":
+        recipe["base_model"] = base
+    return recipe
+
+
+def _recipe_outcome(tmp_path, recipe):
+    from hf_stable.merging import merge
+
+    try:
+        merge(recipe, tmp_path, progress=False)
+    except ValueError as err:
+        return None, str(err)
+    return load_folder_state_dict(tmp_path), None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "param"), CASES, ids=[f"{n}.{p}" for n, p in CASES])
+def test_changing_a_recipe_parameter_changes_the_merged_model_or_is_refused(pico_models, tmp_path, name, param):
+    context, params, weights, value = _case(name, param)
+    key = (name, tuple(sorted(context.items())))
+    if key not in _RECIPE_DEFAULTS:
+        _RECIPE_DEFAULTS[key] = _recipe_outcome(tmp_path / "default", _recipe(name, context, None, pico_models))
+    default_out, default_err = _RECIPE_DEFAULTS[key]
+    changed_out, changed_err = _recipe_outcome(tmp_path / "changed", _recipe(name, params, weights, pico_models))
+    if _refused_by_name(name, param, default_err, changed_err):
+        return
+    assert set(default_out) == set(changed_out)
+    assert any(not torch.equal(default_out[k], changed_out[k]) for k in default_out), (
+        f"{name}.{param}={value!r} in a recipe does not change the merged model"
+    )

@@ -203,7 +203,8 @@ def test_labels_cover_value_and_eos_only(data):
 
 def test_labels_match_the_unlearning_data_path(data):
     """The trainers' tokenisation (EOS appended by code, labels on the answer) sees the same tokens."""
-    unlearn_data = pytest.importorskip("hf_stable.trainers._unlearn_data")
+    from hf_stable.trainers.unlearning import data as unlearn_data
+
     tok = data.tokenizer
     batch = encode_split(tok, data.relearn)
     for i, row in enumerate(data.relearn):

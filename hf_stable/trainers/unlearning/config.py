@@ -14,6 +14,7 @@ from transformers import TrainingArguments
 from ..._validation import check_bool, check_choice, check_int, check_number
 from ...losses.unlearning import FORGET_LOSSES, RETAIN_LOSSES, number_or_auto
 from ...registry import declare_fields
+from ...stability.config import StabilityConfigMixin
 from .._base import TokenFreeConfigMixin
 from .methods import MULTI_GRAD_HOSTS, UNLEARNING_METHODS, forget_loss_name, read_fields, scheme
 
@@ -32,7 +33,7 @@ HOST_REFUSALS = (
 
 @dataclass
 @declare_fields(UNLEARNING_METHODS, FORGET_LOSSES)
-class UnlearningConfig(TokenFreeConfigMixin, TrainingArguments):
+class UnlearningConfig(TokenFreeConfigMixin, StabilityConfigMixin, TrainingArguments):
     """[`~transformers.TrainingArguments`] for [`UnlearningTrainer`]. Every `TrainingArguments` flag works or is
     refused by name; `remove_unused_columns` is forced to `False` (batches hold a forget and a retain stream).
 

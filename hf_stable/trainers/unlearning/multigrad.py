@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...losses import unlearning as L
+from ...stability.signals import record_loss
 
 
 class MultiGradMixin:
@@ -36,7 +37,10 @@ class MultiGradMixin:
         else:
             loss = self._multipoint_gradient(bare, params, batches)
         self._end_step()
-        return loss.detach().to(self.args.device)  # already the global value on every process
+        loss = loss.detach().to(self.args.device)  # already the global value on every process
+        # this step bypasses `Trainer.training_step`, where the signals mixin records the loss for the guard
+        record_loss(self.state, loss, trainer=self)
+        return loss
 
     def _flat_grad(self, params, batches, term) -> tuple[torch.Tensor, float]:
         """`Σ_batches ∇ term(batch)` flattened `(P,)` (fp32), all-reduced over processes, and the summed term value."""

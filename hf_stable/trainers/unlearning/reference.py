@@ -10,54 +10,16 @@ resumed run keeps the starting model's values.
 from __future__ import annotations
 
 import copy
-import functools
-import types
 
 import torch
 
 from ...losses import unlearning as L
+from ...stability.nograd import own_forward  # one detection of foreign forwards, shared with NoGradientError
 from .data import pad_stream
 from .targets import shifted_logprobs
 
 
 REF_LOGPS_KEY = "ref_seq_logps"  # checkpoint tensor
-
-
-def own_forward(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` without the instance-level ``forward`` patches that call a module outside ``model``.
-
-    ``copy.deepcopy`` copies such a patch together with its closure, and the closure still holds the original
-    module. TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``, applied by ``SFTTrainer``) keeps
-    ``original_forward``, a bound method of the model it patched: a deep copy of a TRL-trained model runs the
-    *original's* weights, so a reference built by copying would follow the model being trained. Removing the patch
-    restores the class's own forward, which the patch calls anyway for a plain (``fused_lm_head=False``) forward.
-    """
-    inside = {id(m) for m in model.modules()}
-    for module in model.modules():
-        patched = module.__dict__.get("forward")
-        if patched is not None and _reaches_outside(patched, inside, depth=4):
-            del module.forward
-    return model
-
-
-def _reaches_outside(obj, inside: set[int], depth: int) -> bool:
-    if isinstance(obj, torch.nn.Module):
-        return id(obj) not in inside
-    if depth == 0:
-        return False
-    if isinstance(obj, types.MethodType):
-        return _reaches_outside(obj.__self__, inside, depth) or _reaches_outside(obj.__func__, inside, depth - 1)
-    if isinstance(obj, functools.partial):
-        parts = (obj.func, *obj.args, *obj.keywords.values())
-        return any(_reaches_outside(part, inside, depth - 1) for part in parts)
-    for cell in getattr(obj, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if _reaches_outside(value, inside, depth - 1):
-            return True
-    return False
 
 
 def frozen(model: torch.nn.Module, device) -> torch.nn.Module:

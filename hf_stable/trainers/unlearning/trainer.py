@@ -17,8 +17,10 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
+from ...callbacks.stability import add_stability_callbacks
 from ...callbacks.unlearning import unlearning_callbacks
 from ...losses import unlearning as L
+from ...stability.signals import StabilitySignalsMixin
 from .._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .card import unlearning_card_sections
 from .checks import check_guard, refuse_backend, validate_data
@@ -35,7 +37,13 @@ PREFIX = "stable/unlearning/"
 
 
 class UnlearningTrainer(
-    StableTrainerMixin, StableStateMixin, AdapterOptimizerMixin, ReferenceMixin, MultiGradMixin, Trainer
+    StabilitySignalsMixin,
+    StableTrainerMixin,
+    StableStateMixin,
+    AdapterOptimizerMixin,
+    ReferenceMixin,
+    MultiGradMixin,
+    Trainer,
 ):
     """Unlearning on `transformers.Trainer`: the forget set is trained away, the retain set kept.
 
@@ -155,6 +163,7 @@ class UnlearningTrainer(
         self.relearn_report: dict | None = None
         for callback in unlearning_callbacks(self):
             self.add_callback(callback)
+        add_stability_callbacks(self, self.args)
 
     # ------------------------------------------------------------------------------------------------------------
     # construction

@@ -65,6 +65,10 @@ ALTERNATIVES = {
     "stableun_base_loss": "npo",
     "dmm_target": "prior",
     "dmm_retain_fraction": 0.2,
+    # stability fields (hf_stable.stability.config): the guard clips globally itself, component clipping binds
+    "stability_guard_kwargs": {"guard_clip_norm": 1e-4},
+    "component_clip_max_norm": 1e-3,
+    "component_clip_groups": "layer",
 }
 
 # Fields whose effect is on a report or the logs, not on the weights: the case checks that observable instead.
@@ -73,11 +77,15 @@ REPORTED = {
     "relearn_probe_lr": (1e-1, "relearning probe learning rate: relearn_report"),
     "relearn_probe_fraction": (0.25, "relearning probe split: relearn_report"),
     "unlearn_eval_steps": (1, "periodic evaluate_unlearning: metrics in the logs"),
+    "stability_guard": (True, "StabilityGuardCallback attached: stable/guard/* metrics in the logs"),
 }
 # Fields that change neither: one reason each (and where their equivalence is tested).
 ALLOWLIST = {
     "precompute_ref_logps": "a cache: S_ref of the same reference either way "
     "(test_unlearning_reference.py::test_precompute_ref_logps_is_only_a_cache)",
+    "no_gradient_check": "a detector: raises NoGradientError when no parameter gets a gradient, else no effect "
+    "(test_stability_config_flags.py::test_no_gradient_check_raises_naming_the_patched_forward, "
+    "test_stability_own_forward.py)",
 }
 
 _TRIPS = {"collapse_guard": True, "learning_rate": 1e-3, "collapse_check_steps": 1, "collapse_retain_floor": 0.0}
@@ -101,6 +109,8 @@ BASES = {
     },
     "collapse_restore_best": {**_TRIPS, "collapse_retain_factor": 1e-9},
     "relearn_probe_lr": {"relearn_probe_steps": 2},
+    "stability_guard_kwargs": {"stability_guard": True},
+    "component_clip_groups": {"component_clip_max_norm": 1e-3},
     "relearn_probe_fraction": {"relearn_probe_steps": 2},
 }
 # settings a method's case needs beyond its name (the METHODS presets make every term matter on a random model)
@@ -174,7 +184,9 @@ def _run(tmp_path, method, config):
         kwargs["holdout_dataset"] = split_data(seed=11)[1]
     update, trainer = unlearn_update(tmp_path, GLOBAL_BATCH, 1, trainer_kwargs=kwargs, **config)
     assert torch.isfinite(update).all()
-    logged = sorted({key for log in trainer.state.log_history for key in log if "/eval/" in key})
+    logged = sorted(
+        {key for log in trainer.state.log_history for key in log if "/eval/" in key or key.startswith("stable/guard/")}
+    )
     return update, trainer.relearn_report, logged
 
 

@@ -1,0 +1,292 @@
+"""The one entry point every experiment script runs through: CLI, per-seed caching, result schema and writers.
+
+A script declares an `Experiment` (its claim, its sizes, how to run one seed, how to aggregate, its pre-registered
+criteria, its plot and its Markdown body) and calls `run(experiment)`. The harness then
+
+* parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
+  `--output_dir`) and `--no_cache`;
+* runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
+  by the script's source, this file, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
+* writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
+
+Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
+    claim      str   the claim under test, with the paper's arXiv id
+    criteria   dict  name -> {"criterion": str, "passed": bool, "values": dict, "per_seed": str}
+    passed     bool  every criterion passed
+    per_seed   dict  str(seed) -> the script's per-seed record
+    aggregate  dict  the script's aggregate over seeds
+    wall_s     float wall time of this invocation (cached seeds cost ~0)
+    git_commit str   `git rev-parse HEAD` of the code that ran, with `+dirty` when the tree had changes
+    config     dict  seeds, quick, sizes and the script's own settings
+    command    str   the command that reproduces the file
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RESULTS = ROOT / "results"
+CACHE = ROOT / "cache"
+DEFAULT_SEEDS = (0, 1, 2)
+SCHEMA_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit")
+CRITERION_KEYS = ("criterion", "passed")
+QUICK_NOTE = " (quick run: sizes too small for the verdict to mean anything)"
+
+
+@dataclass
+class Experiment:
+    """What a script declares; `run` does everything else.
+
+    `run_seed(seed, sizes) -> dict` must return JSON-serialisable values (it is cached as JSON).
+    `aggregate(per_seed) -> dict`, `criteria(per_seed, aggregate) -> {name: criterion dict}` (see `criterion`),
+    `plot(result, path)` writes the PNG, `markdown(result) -> str` the body placed under the harness's header.
+    """
+
+    name: str
+    title: str
+    claim: str
+    sizes: Any
+    quick_sizes: Any
+    run_seed: Callable[[int, Any], dict]
+    aggregate: Callable[[dict], dict]
+    criteria: Callable[[dict, dict], dict]
+    plot: Callable[[dict, Path], None]
+    markdown: Callable[[dict], str]
+    config: dict = field(default_factory=dict)
+    default_seeds: tuple[int, ...] = DEFAULT_SEEDS
+    script: str = ""  # the script's __file__; its source is part of the cache key
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# small shared helpers
+
+
+def mean_std(values: list[float]) -> dict:
+    """Mean, sample std (ddof 1; 0 for one value) and the values themselves."""
+    values = [float(v) for v in values]
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
+
+
+def fmt(ms: dict, digits: int = 3, sign: bool = False) -> str:
+    """`mean ± std` of a `mean_std` dict."""
+    return f"{ms['mean']:{'+' if sign else ''}.{digits}f} ± {ms['std']:.{digits}f}"
+
+
+def criterion(text: str, passed: bool, values: dict | None = None, per_seed: str = "") -> dict:
+    """One pre-registered criterion as stored in the result (`per_seed`: e.g. "2/3 seeds")."""
+    return {"criterion": text, "passed": bool(passed), "values": values or {}, "per_seed": per_seed}
+
+
+def seeds_holding(per_seed: dict, rule: Callable[[dict], bool]) -> str:
+    """`"k/n seeds"`: on how many seeds `rule(per_seed_record)` holds."""
+    return f"{sum(bool(rule(r)) for r in per_seed.values())}/{len(per_seed)} seeds"
+
+
+def quiet() -> None:
+    """Silence progress bars, library warnings and the hf_stable logger so a run prints only its own lines."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("hf_stable").setLevel(logging.ERROR)
+    try:
+        import datasets
+        import transformers
+    except ImportError:  # the pure-torch scripts do not need them
+        return
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "hf_stable", "experiments/*.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def _sources_digest(script: str) -> str:
+    """Digest of the code a cached seed depends on: the script, this file and every `hf_stable` source file."""
+    h = hashlib.sha1()
+    files = [Path(script), Path(__file__), *sorted((REPO / "hf_stable").rglob("*.py"))]
+    for path in files:
+        if path.is_file():
+            h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _jsonable(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (tuple, set)):
+        return list(obj)
+    if hasattr(obj, "item"):  # torch / numpy scalars
+        return obj.item()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=1, default=_jsonable)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# caching
+
+
+def cache_path(exp: Experiment, seed: int, sizes, digest: str) -> Path:
+    key = json.dumps({"sizes": sizes, "config": exp.config, "code": digest}, sort_keys=True, default=_jsonable)
+    return CACHE / exp.name / f"seed{seed}_{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+
+
+def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool) -> tuple[dict, bool]:
+    """(per-seed record, whether it came from the cache)."""
+    path = cache_path(exp, seed, sizes, digest)
+    if use_cache and path.exists():
+        return json.loads(path.read_text()), True
+    start = time.time()
+    record = exp.run_seed(seed, sizes)
+    record = json.loads(dumps(record))  # what is stored is what is returned, cached or not
+    record.setdefault("seed_wall_s", time.time() - start)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(record))
+    return record, False
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# entry point and writers
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", "--output_dir", dest="out", default=str(RESULTS), help="folder for the JSON, PNG and MD")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: the script's)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and the first seed only (smoke test)")
+    p.add_argument("--no_cache", action="store_true", help="rerun every seed even when a cached record exists")
+    return p
+
+
+def command_line(exp: Experiment, cli) -> str:
+    cmd = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{exp.name}.py"
+    if cli.quick:
+        cmd += " --quick"
+    if cli.seeds is not None and tuple(cli.seeds) != tuple(exp.default_seeds):
+        cmd += " --seeds " + " ".join(map(str, cli.seeds))
+    return cmd
+
+
+def header(result: dict) -> str:
+    """Title, claim, criteria table and provenance: the part of every Markdown result the harness owns."""
+    cfg = result["config"]
+    lines = [
+        f"# {result['title']}",
+        "",
+        f"**Claim.** {result['claim']}",
+        "",
+        f"Seeds {cfg['seeds']}{QUICK_NOTE if cfg['quick'] else ''}"
+        f"; overall: **{'PASS' if result['passed'] else 'FAIL'}**.",
+        "",
+        "| criterion (pre-registered) | result | seeds where it holds |",
+        "|---|---|---|",
+    ]
+    for name, check in result["criteria"].items():
+        lines.append(
+            f"| ({name}) {check['criterion']} | {'PASS' if check['passed'] else 'FAIL'} | "
+            f"{check.get('per_seed') or '—'} |"
+        )
+    return "\n".join(lines)
+
+
+def footer(result: dict) -> str:
+    cached = result["cached_seeds"]
+    return "\n".join(
+        [
+            "## Rerun",
+            "",
+            f"    {result['command']}",
+            "",
+            f"Wall time of this invocation: {result['wall_s']:.0f} s"
+            + (f" (seeds {cached} from the cache)" if cached else "")
+            + f"; code at `{result['git_commit']}`.",
+            "",
+        ]
+    )
+
+
+def write(result: dict, exp: Experiment, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{exp.name}.json").write_text(dumps(result))
+    exp.plot(result, out / f"{exp.name}.png")
+    (out / f"{exp.name}.md").write_text("\n\n".join([header(result), exp.markdown(result).strip(), footer(result)]))
+
+
+def run(exp: Experiment, argv: list[str] | None = None) -> dict:
+    """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD."""
+    cli = parser(exp.title).parse_args(argv)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    quiet()
+    sizes = exp.quick_sizes if cli.quick else exp.sizes
+    seeds = list(cli.seeds if cli.seeds is not None else exp.default_seeds)
+    if cli.quick:
+        seeds = seeds[:1]
+    start = time.time()
+    digest = _sources_digest(exp.script or sys.argv[0])
+    per_seed, cached = {}, []
+    for seed in seeds:
+        record, hit = cached_seed(exp, seed, sizes, digest, use_cache=not cli.no_cache)
+        per_seed[str(seed)] = record
+        if hit:
+            cached.append(seed)
+        print(f"[{exp.name}] seed {seed}: {'cached' if hit else 'done'} ({time.time() - start:.0f}s)", flush=True)
+    agg = exp.aggregate(per_seed)
+    checks = exp.criteria(per_seed, agg)
+    result = {
+        "claim": exp.claim,
+        "criteria": checks,
+        "passed": all(c["passed"] for c in checks.values()),
+        "per_seed": per_seed,
+        "aggregate": agg,
+        "wall_s": time.time() - start,
+        "git_commit": git_commit(),
+        "title": exp.title,
+        "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},
+        "command": command_line(exp, cli),
+        "cached_seeds": cached,
+    }
+    result = json.loads(dumps(result))
+    write(result, exp, Path(cli.out))
+    for name, check in checks.items():
+        print(f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  {check.get('per_seed', '')}")
+    print(f"wall time {result['wall_s']:.0f}s -> {Path(cli.out) / exp.name}.{{json,png,md}}", flush=True)
+    return result

@@ -1,0 +1,30 @@
+"""A hung multi-process test fails at its timeout with the Python stack of every process, the ranks included (torch
+starts them in their own sessions, so killing the launcher alone would leave them running)."""
+
+import os
+import sys
+
+import psutil
+import pytest
+from launch_helpers import run_with_stacks
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+SCRIPT = os.path.join(os.path.dirname(__file__), "hang_script.py")
+
+
+def test_hang_fails_with_the_stacks_of_both_ranks():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29751", SCRIPT]
+    before = {p.pid for p in psutil.process_iter()}
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_with_stacks(cmd, timeout=150)
+    message = str(failed.value)
+    assert "hung for 150 s" in message
+    assert "in never_arrives" in message, message[-3000:]  # rank 1's stack
+    assert "in barrier" in message, message[-3000:]  # rank 0's stack, inside torch.distributed
+    leftovers = [
+        p
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if p.pid not in before and SCRIPT in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not leftovers, f"processes left running: {[p.pid for p in leftovers]}"
