@@ -582,25 +582,25 @@ def criteria(per_seed: dict) -> dict:
     all_hold = [all(per_seed[s]["methods"][m]["tier1"]["passed"] for m in required) for s in per_seed]
     checks = {
         "a": {
-            "description": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
+            "criterion": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
             "for SimNPO, PDU and StableUN",
             "values": {m: f"{t1[m]}/{n}" for m in required},
             "passed": bool(required) and all(t1[m] == n for m in required),
-            "seeds_holding": f"{sum(all_hold)}/{n}",
+            "per_seed": f"{sum(all_hold)}/{n}",
             "not_run": [m for m in TIER1_REQUIRED if m not in rows],
         }
     }
     if "ga" in rows:
         ga = [r["collapse"] for r in rows["ga"]]
         checks["b"] = {
-            "description": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
+            "criterion": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
             "seed",
             "values": {
                 "ra_ratio": [round(r["ra_ratio"], 4) for r in rows["ga"]],
                 "over_forgetting": [round(r["metrics"]["over_forgetting"], 3) for r in rows["ga"]],
             },
             "passed": all(ga),
-            "seeds_holding": f"{sum(ga)}/{n}",
+            "per_seed": f"{sum(ga)}/{n}",
         }
     measured = {
         m: all(
@@ -611,7 +611,7 @@ def criteria(per_seed: dict) -> dict:
         for m in methods
     }
     checks["c"] = {
-        "description": "Tier 2 (requires Tier 1; Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, "
+        "criterion": "Tier 2 (requires Tier 1; Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, "
         "Q4 RR_p(oracle)/10 ≤ RR_p ≤ RR_p(oracle) + 0.10 and |RR_acc − RR_acc(oracle)| ≤ 0.15) and the relearning "
         "numbers next to the oracle's are reported for every method and seed (reporting criterion; the Tier-2 "
         "outcomes are in `values`)",
@@ -627,12 +627,12 @@ def criteria(per_seed: dict) -> dict:
             for m in methods
         },
         "passed": bool(methods) and all(measured.values()),
-        "seeds_holding": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
+        "per_seed": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
     }
     control = rows[CONTROL]
     fails = [not (r["tier1"]["passed"] and r["tier2"]["passed"]) for r in control]
     checks["d"] = {
-        "description": "the embedding-reset control (forget-name token rows re-drawn from the init, no training) "
+        "criterion": "the embedding-reset control (forget-name token rows re-drawn from the init, no training) "
         "fails Tier 1 or Tier 2 on every seed",
         "values": {
             "tier1": [r["tier1"]["passed"] for r in control],
@@ -642,7 +642,7 @@ def criteria(per_seed: dict) -> dict:
             "forget_acc": [round(r["metrics"]["forget_acc"], 4) for r in control],
         },
         "passed": all(fails),
-        "seeds_holding": f"{sum(fails)}/{n}",
+        "per_seed": f"{sum(fails)}/{n}",
     }
     return checks
 
@@ -830,10 +830,10 @@ def markdown(result: dict) -> str:
             values = {m: v["tier2_seeds"] for m, v in values.items()}
         text = json.dumps(values, ensure_ascii=False).replace("|", "\\|")
         not_run = f" (not run: {', '.join(check['not_run'])})" if check.get("not_run") else ""
-        description = check["description"].replace("|", "\\|")
+        description = check["criterion"].replace("|", "\\|")
         lines.append(
             f"| ({key}) {description}{not_run} | `{text}` | "
-            f"{'PASS' if check['passed'] else 'FAIL'} | {check['seeds_holding']} |"
+            f"{'PASS' if check['passed'] else 'FAIL'} | {check['per_seed']} |"
         )
     lines += ["", f"Overall: {'PASS' if result['passed'] else 'FAIL'}.", ""]
     diag = result["diagnostics"]
@@ -973,7 +973,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / f"{NAME}.md").write_text(markdown(result))
     for key, check in checks.items():
         values = check["values"] if key != "c" else {m: v["tier2_seeds"] for m, v in check["values"].items()}
-        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  values={values}")
+        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  values={values}")
     print(f"wall time {result['wall_s']:.0f}s -> {out / NAME}.{{json,png,md}}")
     return result
 
