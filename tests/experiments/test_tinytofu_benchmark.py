@@ -124,7 +124,8 @@ def test_committed_results_have_the_shared_schema_and_the_control():
     runner = _runner()
     data = json.loads(open(os.path.join(ROOT, "experiments", "results", "tinytofu.json")).read())
     assert {"claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit"} <= set(data)
-    assert set(data["config"]["methods"]) <= set(runner.METHODS) and data["config"]["tier2_requires_tier1"]
+    assert data["config"]["seeds"] == [0, 1, 2] and data["config"]["tier2_requires_tier1"]
+    assert set(data["config"]["methods"]) == set(runner.METHODS)
     assert set(data["criteria"]) == {"a", "b", "c", "d"}
     for seed in data["config"]["seeds"]:
         rows = {**data["per_seed"][str(seed)]["reference"], **data["per_seed"][str(seed)]["methods"]}
