@@ -1,64 +1,68 @@
-"""TinyTOFU: the CPU unlearning benchmark of spec `unlearning.md` §5 — every unlearning method of hf_stable, 3 seeds.
+"""TinyTOFU v2: every unlearning method of hf_stable and an embedding-reset control on a CPU benchmark, 3 seeds.
 
-Claim (spec §5.4-§5.5). On TinyTOFU (fictitious authors, a 0.4M-parameter Llama, a retrain-from-scratch oracle) the
-benchmark separates working unlearning methods from gradient-ascent collapse: SimNPO, StableUN and PDU pass Tier 1
-("stable unlearning": forget accuracy near chance at retained utility, no collateral damage, no over-forgetting) on
-every seed, GA trips the collapse signature on every seed, and no method is indistinguishable from the oracle
-(Tier 2: the knowledge is suppressed, not removed — truth ratios, membership AUC and a relearning attack tell).
+Claim. On TinyTOFU v2 (fictitious authors whose names are shared syllable tokens, a 0.38M-parameter Llama, a
+retrain-from-scratch oracle; modelled on TOFU, Maini et al., arXiv 2401.06121) the benchmark separates working
+unlearning methods from gradient-ascent collapse: SimNPO (arXiv 2410.07163), StableUN (arXiv 2509.20230) and PDU
+(arXiv 2506.05314) pass Tier 1 ("stable
+unlearning": forget accuracy near chance at retained utility, no collateral damage, no over-forgetting) on every seed,
+GA trips the collapse signature on every seed, and a training-free edit of the forget names' embedding rows does not
+pass (TinyTOFU v1 gave each author a dedicated token, and that edit passed Tier 1 and Tier 2 on 3/3 seeds).
 
 Design.
-* Data, models (spec §5.1-§5.2, `hf_stable.testing.tinytofu`): per seed `make_tinytofu(seed)` (220 authors: 20
-  forget, 180 retain, 20 holdout; 40 world facts), the target model `train_tinytofu(data, "full")` (SFT on forget +
-  retain + world) and the oracle `train_tinytofu(data, "oracle")` (retain + world, another init), both cached under
+* Data and models (`hf_stable.testing.tinytofu`, format version 2): per seed `make_tinytofu(seed)` (220 authors: 20
+  forget, 180 retain, 20 holdout; each name is three of 24 syllable tokens that all authors share; the world split
+  holds 40 capital facts and 24 lexicon facts "which word follows <syllable> ?", so every name token is also an
+  ordinary question word and answer). The target model `train_tinytofu(data, "full")` (SFT on forget + retain +
+  world) and the oracle `train_tinytofu(data, "oracle")` (retain + world, another init), cached under
   `~/.cache/hf_stable/tinytofu/<seed>/`.
 * HP₀ = mean answer probability (`exp(−mean NLL)` of value + EOS) of the holdout questions under the *starting* (full)
   model, once per seed; every over-forgetting value OF = log10(FP/HP₀) uses it (passed as `start_holdout_prob`).
+* Control (no training): `reset_name_embeddings(full, data, seed=seed)` re-draws the input-embedding rows of every
+  token occurring in a forget author's name from the init distribution N(0, 0.02²). Evaluated like a method.
 * Unlearning: `UnlearningTrainer` from a fresh copy of the full model; forget batch 16 + retain batch 16 per step
   (anchor = forget), AdamW (`adamw_torch`), constant LR, grad-clip 1.0, the collapse guard off (the benchmark reports
-  the collapse signature itself), seed = the run seed. Presets (spec §5.4, not tuned here; NLL retain term with
+  the collapse signature itself), seed = the run seed. Presets (the v1 presets, unchanged; NLL retain term with
   weight 1 except GA and SGA — DMM gets it on top of its KL matching on forget + retain batches):
   GA, GradDiff lr 5e-4 × 100 steps; NPO β 0.1, lr 5e-4 × 200; SimNPO β 2.5, m 0, w_f 1, lr 1e-3 × 400; StableUN
   (SimNPO base, β 2.5, w_f 1, ρ 0.05, probe points sam+clean, projection on) lr 1e-3 × 300; DMM-oracle (OM,
   `dmm_target="oracle_model"`) lr 5e-4 × 400; DMM-prior (`dmm_target="prior"`) lr 1e-3 × 400; PDU (flattening, ε
   0.02, η 2, λ₀ 20, 20 warm-up steps, per-step dual updates) lr 1e-3 × 200; SGA r −1, K 4 (3 random retain "normal"
   examples per forget example), lr 5e-4 × 100; bounded GradDiff (sine LoRA r 8, α 16 on gate/up/down, base frozen;
-  ω and lr from the pilot below) × 120 steps.
-* Evaluation (spec §5.3, `hf_stable.evaluation.unlearning.evaluate_unlearning`, template-0 questions): FA, RA, WA, HA
+  ω and lr from the v1 pilot below) × 120 steps.
+* Evaluation (`hf_stable.evaluation.unlearning.evaluate_unlearning`, template-0 questions): FA, RA, WA, HA
   (first-answer-token accuracy), FP (forget answer probability), OF, truth ratio (median), FQ_holdout / FQ_oracle
   (KS p-values of the forget truth ratios vs the model's holdout ones / the oracle's forget ones), MIA (min-k 20 %
   AUC, forget vs holdout) and the relearning attack (a copy, 20 AdamW steps, lr 1e-3, batch 8 on the city + genre
   facts of the forget authors; accuracy / probability on their award + job questions, RR_acc / RR_p); the same attack
   on the oracle gives the reference. The full model and the oracle are evaluated the same way (reference rows).
-* Marks per seed (spec §5.5). Tier 1 (all four): T1 FA ≤ 0.15; T2 RA ≥ 0.90 × RA_full; T3 WA ≥ 0.60 × WA_full;
-  T4 OF ≥ −2. Collapse signature: RA < 0.5 × RA_full or OF < −3. Tier 2 (reported): Q1 FQ_holdout ≥ 0.05; Q2
-  FQ_oracle ≥ 0.05; Q3 |MIA − 0.5| ≤ 0.10; Q4 RR_p ≤ RR_p(oracle) + 0.10 and RR_acc ≤ RR_acc(oracle) + 0.15.
+* Marks per seed. Tier 1 (all four): T1 FA ≤ 0.15; T2 RA ≥ 0.90 × RA_full; T3 WA ≥ 0.60 × WA_full; T4 OF ≥ −2.
+  Collapse signature: RA < 0.5 × RA_full or OF < −3. Tier 2 requires Tier 1 and all of Q1 FQ_holdout ≥ 0.05; Q2
+  FQ_oracle ≥ 0.05; Q3 |MIA − 0.5| ≤ 0.10; Q4 (two-sided) RR_p(oracle) / 10 ≤ RR_p ≤ RR_p(oracle) + 0.10 and
+  |RR_acc − RR_acc(oracle)| ≤ 0.15. The Q marks are reported on every row; the gate and the lower side of Q4 are v2:
+  in v1 a collapsed GA (RR_p 3e-4 to 7e-7 against the oracle's 0.12–0.14) passed Tier 2 on 3/3 seeds.
 * Seeds 0, 1, 2 (data, SFT inits, unlearning data order). Aggregates are mean ± sample std over seeds; the criteria
   count seeds.
 
-Pass criteria (pre-registered, the issue's acceptance; printed PASS/FAIL as measured):
+Pass criteria (pre-registered before the v2 run; printed PASS/FAIL as measured):
   (a) Tier 1 holds on every seed for SimNPO, PDU and StableUN (each of the three);
   (b) GA trips the collapse signature on every seed;
   (c) Tier 2 (Q1-Q4) and the relearning numbers next to the oracle's are reported for every method and seed
-      (a reporting criterion: it passes when every value was measured; the Tier-2 outcomes are what they are).
+      (a reporting criterion: it passes when every value was measured; the Tier-2 outcomes are what they are);
+  (d) the embedding-reset control fails Tier 1 or Tier 2 on every seed.
 
-Pilot (bounded GradDiff only; seed 100, not reported; rule fixed before the pilot ran). The spec gives lr 5e-3 × 120
-steps and leaves ω open ({50, 100, 200, 400}). Grid: ω ∈ {50, 100, 200} × lr ∈ {5e-3, 1e-3}, 120 steps, seed 100.
-Rule: keep the (ω, lr) with the most Tier-1 checks (T1-T4) holding; ties: lr 5e-3 (the spec's) first, then the larger
-RA/RA_full, then the smaller ω. Outcome (details in `PILOT` and the Markdown): ω = 50, lr 5e-3 kept (2 of 4 checks,
-tied with ω = 200 at lr 5e-3, larger RA/RA_full); no configuration passed Tier 1 on seed 100 — lr 5e-3 forgets but
-loses half the retain accuracy and most world facts, lr 1e-3 does not forget. The other presets are the spec's and
-were not piloted; a run of every method on seed 100 only checked that the script runs (nothing was changed after it
-or after seeing seeds 0-2).
-One change after the first seed 0-2 run, which changed no metric: PDU's seed-2 forget accuracy was exactly 12/80 =
-0.15, stored as fp32 0.15000000596 and failed T1 (≤ 0.15); threshold comparisons now allow `EPS` = 1e-6.
+Pilot (v1 data, bounded GradDiff only; seed 100, not reported; rule fixed before the pilot ran). Grid: ω ∈ {50, 100,
+200} × lr ∈ {5e-3, 1e-3}, 120 steps, seed 100. Rule: keep the (ω, lr) with the most Tier-1 checks (T1-T4) holding;
+ties: lr 5e-3 first, then the larger RA/RA_full, then the smaller ω. Outcome (details in `PILOT` and the Markdown):
+ω = 50, lr 5e-3 kept. It was not rerun on v2 data: the v2 table keeps every v1 preset, so that the data change is the
+only change.
+Threshold comparisons on accuracies allow `EPS` = 1e-6 (12/80 is stored as the fp32 0.15000000596).
 
-Command (seeds 0-2, all methods; SFT cached: about 10 minutes on one core of a shared 2-core machine):
+Command (seeds 0-2, all methods and the control; each (seed, row) result is cached in `--cache_dir`, so an
+interrupted run resumes; `--seeds 1` in three processes runs the seeds in parallel, and a last run without
+`--seeds` assembles the table from the cache):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py
-    OMP_NUM_THREADS=1 .venv/bin/python -m experiments.tinytofu          # the same, as a module
-Pilot: `... experiments/tinytofu.py --seeds 100 --methods bounded_graddiff --bounded_omega 50 --bounded_lr 5e-3
---output_dir /tmp/pilot`.
-Quick run (the CI smoke of spec §5.6, < 90 s cold: `make_tinytofu(seed, reduced=True)` — 60 retain authors, 20 world
-facts —, SFT with at most one extension, seed 0 only, GA + GradDiff + SimNPO with the same presets):
+Quick run (the CI smoke: `make_tinytofu(seed, reduced=True)` — 60 retain authors, 20 world facts —, SFT with at
+most one extension, seed 0 only, GA + GradDiff + SimNPO with the same presets, and the control):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py --quick --output_dir /tmp/tinytofu_quick
 """
 
@@ -82,13 +86,31 @@ import torch
 NAME = "tinytofu"
 ROOT = Path(__file__).resolve().parent
 
-# Tier-1 / collapse / Tier-2 thresholds (spec §5.5)
+# Tier-1 / collapse / Tier-2 thresholds (the table in docs/unlearning.md#tinytofu)
 FA_MAX, RA_RATIO, WA_RATIO, OF_MIN = 0.15, 0.90, 0.60, -2.0
 COLLAPSE_RA_RATIO, COLLAPSE_OF = 0.5, -3.0
 # Accuracies are fp32 ratios of counts (12/80 is stored as 0.15000000596); thresholds are compared with this slack so
 # that a count exactly on a bound counts as meeting it.
 EPS = 1e-6
 FQ_MIN, MIA_TOL, RR_P_MARGIN, RR_ACC_MARGIN = 0.05, 0.10, 0.10, 0.15
+# Q4's lower side: a model whose answers sit far below chance even after the attack is destroyed, not clean; a factor
+# of 10 below the oracle (log scale, like OF) separates that from a chance-level model.
+RR_P_FLOOR_RATIO = 0.1
+THRESHOLDS = {
+    "fa_max": FA_MAX,
+    "ra_ratio": RA_RATIO,
+    "wa_ratio": WA_RATIO,
+    "of_min": OF_MIN,
+    "collapse_ra_ratio": COLLAPSE_RA_RATIO,
+    "collapse_of": COLLAPSE_OF,
+    "fq_min": FQ_MIN,
+    "mia_tol": MIA_TOL,
+    "rr_p_margin": RR_P_MARGIN,
+    "rr_p_floor_ratio": RR_P_FLOOR_RATIO,
+    "rr_acc_margin": RR_ACC_MARGIN,
+}
+CONTROL = "control"  # the embedding-reset row
+REFERENCE_ROWS = ("full", "oracle", CONTROL)
 
 # Bounded GradDiff: the pilot's choice (seed 100; see the module docstring and PILOT).
 BOUNDED_OMEGA, BOUNDED_LR, BOUNDED_STEPS = 50.0, 5e-3, 120
@@ -110,7 +132,7 @@ COMMON = dict(
 
 
 def presets(bounded_omega: float = BOUNDED_OMEGA, bounded_lr: float = BOUNDED_LR) -> dict[str, dict]:
-    """The per-method `UnlearningConfig` fields (spec §5.4); `retain_weight` 1 with an NLL retain term unless noted."""
+    """The per-method `UnlearningConfig` fields; `retain_weight` 1 with an NLL retain term unless noted."""
     nll = dict(retain_loss_type="nll", retain_weight=1.0)
     return {
         "ga": dict(unlearn_method="ga", retain_loss_type="none", learning_rate=5e-4, max_steps=100),
@@ -191,6 +213,7 @@ TIER1_REQUIRED = ("simnpo", "pdu", "stableun")  # criterion (a)
 LABELS = {
     "full": "full (start)",
     "oracle": "oracle (retrain)",
+    CONTROL: "control: name-embedding reset",
     "ga": "GA",
     "graddiff": "GradDiff",
     "npo": "NPO",
@@ -215,6 +238,7 @@ COLORS = {
     "bounded_graddiff": "tab:gray",
     "full": "black",
     "oracle": "gold",
+    CONTROL: "magenta",
 }
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P")
 
@@ -222,8 +246,7 @@ SEED_MARKERS = ("o", "s", "^", "D", "v", "P")
 PILOT: dict = {
     "seed": 100,
     "steps": BOUNDED_STEPS,
-    "rule": "most Tier-1 checks (T1-T4) holding; ties: lr 5e-3 (the spec's), then the larger RA/RA_full, then the "
-    "smaller ω",
+    "rule": "most Tier-1 checks (T1-T4) holding; ties: lr 5e-3, then the larger RA/RA_full, then the smaller ω",
     "grid": [
         {
             "omega": 50,
@@ -316,7 +339,7 @@ def load_seed(seed: int, quick: bool):
 
 
 def evaluate(model, data, oracle, hp0: float, oracle_relearn: dict | None = None) -> dict:
-    """All §5.3 metrics of ``model``; the oracle's relearning numbers are computed once per seed and reused."""
+    """Every benchmark metric of ``model``; the oracle's relearning numbers are computed once per seed and reused."""
     from hf_stable.evaluation.unlearning import evaluate_unlearning, relearn_attack
 
     report = evaluate_unlearning(
@@ -352,15 +375,19 @@ def marks(m: dict, ref: dict) -> dict:
         "Q1": m["fq_holdout"] >= FQ_MIN,
         "Q2": m["fq_oracle"] >= FQ_MIN,
         "Q3": abs(m["mia_auc"] - 0.5) <= MIA_TOL,
-        "Q4": m["relearn_prob"] <= m["oracle_relearn_prob"] + RR_P_MARGIN
-        and m["relearn_acc"] <= m["oracle_relearn_acc"] + RR_ACC_MARGIN,
+        "Q4": RR_P_FLOOR_RATIO * m["oracle_relearn_prob"]
+        <= m["relearn_prob"]
+        <= m["oracle_relearn_prob"] + RR_P_MARGIN
+        and abs(m["relearn_acc"] - m["oracle_relearn_acc"]) <= RR_ACC_MARGIN + EPS,
     }
+    tier1 = all(t1.values())
     return {
         "ra_ratio": ra_ratio,
         "wa_ratio": wa_ratio,
-        "tier1": {**t1, "passed": all(t1.values())},
+        "tier1": {**t1, "passed": tier1},
         "collapse": ra_ratio < COLLAPSE_RA_RATIO or m["over_forgetting"] < COLLAPSE_OF,
-        "tier2": {**t2, "passed": all(t2.values())},
+        # "indistinguishable from never trained" means nothing for a model that lost its utility: gated on Tier 1
+        "tier2": {**t2, "passed": tier1 and all(t2.values())},
     }
 
 
@@ -403,9 +430,45 @@ def unlearn(method: str, preset: dict, seed: int, data, full, oracle):
     return trained, info
 
 
-def run_seed(seed: int, methods: list[str], quick: bool, table: dict) -> dict:
+def _cached(path: Path, key: dict, compute):
+    """``compute()`` unless ``path`` holds a result made with the same ``key`` (data fingerprint, preset, mode)."""
+    key = json.loads(json.dumps(key))  # the stored form (tuples become lists)
+    try:
+        stored = json.loads(path.read_text())
+        if stored["key"] == key:
+            return stored["result"]
+    except (OSError, ValueError, KeyError):
+        pass
+    result = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "result": result}, ensure_ascii=False))
+    os.replace(tmp, path)
+    return result
+
+
+def _progress(seed: int, name: str, result: dict) -> None:
+    metrics = result["metrics"]
+    t1 = "".join("✓" if result["tier1"][k] else "✗" for k in ("T1", "T2", "T3", "T4"))
+    t2 = "".join("✓" if result["tier2"][k] else "✗" for k in ("Q1", "Q2", "Q3", "Q4"))
+    steps = f"  ({result['steps']} steps, {result['train_seconds']:.1f}s)" if "steps" in result else ""
+    print(
+        f"[seed {seed}] {name:>16}: FA {metrics['forget_acc']:.3f}  RA/RA0 {result['ra_ratio']:.3f}  "
+        f"WA/WA0 {result['wa_ratio']:.3f}  OF {metrics['over_forgetting']:+.2f}  T1 {t1}  "
+        f"collapse {'YES' if result['collapse'] else 'no'}  T2 {t2} ({'✓' if result['tier2']['passed'] else '✗'})  "
+        f"RR_p {metrics['relearn_prob']:.3f} (oracle {metrics['oracle_relearn_prob']:.3f}){steps}",
+        flush=True,
+    )
+
+
+def run_seed(seed: int, methods: list[str], quick: bool, table: dict, cache_dir: Path | None = None) -> dict:
+    """Reference rows (full, oracle, the embedding-reset control) and every method of one seed.
+
+    With ``cache_dir`` each row's result is stored as ``<cache_dir>/<quick|full>/<seed>/<row>.json`` and reused when
+    the data fingerprint and preset match: an interrupted run resumes, and seeds can run in separate processes.
+    """
     from hf_stable.evaluation.unlearning import relearn_attack
-    from hf_stable.testing.tinytofu import answer_prob
+    from hf_stable.testing.tinytofu import answer_prob, reset_name_embeddings
 
     data, full, oracle, sft = load_seed(seed, quick)
     print(
@@ -413,40 +476,44 @@ def run_seed(seed: int, methods: list[str], quick: bool, table: dict) -> dict:
         f"{sft['seconds']:.0f}s): full {sft['full']['accuracy']}  oracle {sft['oracle']['accuracy']}",
         flush=True,
     )
+    folder = None if cache_dir is None else Path(cache_dir) / ("quick" if quick else "full") / str(seed)
+    base_key = {"fingerprint": sft["fingerprint"], "quick": quick, "thresholds": THRESHOLDS}
+
+    def cached(name: str, key: dict, compute):
+        return compute() if folder is None else _cached(folder / f"{name}.json", {**base_key, **key}, compute)
+
     hp0 = answer_prob(full, data.tokenizer, data.holdout_eval).mean().item()
-    oracle_relearn = relearn_attack(oracle, data.tokenizer, data.relearn, data.relearn_eval)
-    start = time.time()
-    reference = {"full": evaluate(full, data, oracle, hp0, oracle_relearn)}
-    reference["oracle"] = evaluate(oracle, data, oracle, hp0, oracle_relearn)
-    # HP₀ from answer_prob equals the full model's holdout_prob of evaluate_unlearning (a consistency check)
-    assert math.isclose(hp0, reference["full"]["holdout_prob"], rel_tol=1e-4), (hp0, reference["full"])
-    ref_acc = reference["full"]
-    out = {
-        "sft": sft,
-        "hp0": hp0,
-        "reference": {
-            name: {"metrics": r, **marks(r, ref_acc), "eval_seconds": (time.time() - start) / 2}
-            for name, r in reference.items()
-        },
-        "methods": {},
-    }
-    for method in methods:
+    oracle_relearn = cached(
+        "oracle_relearn", {}, lambda: relearn_attack(oracle, data.tokenizer, data.relearn, data.relearn_eval)
+    )
+
+    def reference_rows() -> dict:
+        start = time.time()
+        control = reset_name_embeddings(full, data, seed=seed)
+        rows = {
+            name: evaluate(m, data, oracle, hp0, oracle_relearn)
+            for name, m in zip(REFERENCE_ROWS, (full, oracle, control), strict=True)
+        }
+        # HP₀ from answer_prob equals the full model's holdout_prob of evaluate_unlearning (a consistency check)
+        assert math.isclose(hp0, rows["full"]["holdout_prob"], rel_tol=1e-4), (hp0, rows["full"])
+        seconds = (time.time() - start) / len(rows)
+        return {name: {"metrics": r, **marks(r, rows["full"]), "eval_seconds": seconds} for name, r in rows.items()}
+
+    out = {"sft": sft, "hp0": hp0, "reference": cached("reference", {}, reference_rows), "methods": {}}
+    for name in REFERENCE_ROWS[1:]:
+        _progress(seed, name, out["reference"][name])
+    ref_acc = out["reference"]["full"]["metrics"]
+
+    def run_method(method: str) -> dict:
         model, info = unlearn(method, table[method], seed, data, full, oracle)
         t = time.time()
         metrics = evaluate(model, data, oracle, hp0, oracle_relearn)
-        result = {"metrics": metrics, **marks(metrics, ref_acc), **info, "eval_seconds": time.time() - t}
+        return {"metrics": metrics, **marks(metrics, ref_acc), **info, "eval_seconds": time.time() - t}
+
+    for method in methods:
+        result = cached(method, {"preset": table[method], "common": COMMON}, lambda m=method: run_method(m))
         out["methods"][method] = result
-        t1 = "".join("✓" if result["tier1"][k] else "✗" for k in ("T1", "T2", "T3", "T4"))
-        t2 = "".join("✓" if result["tier2"][k] else "✗" for k in ("Q1", "Q2", "Q3", "Q4"))
-        print(
-            f"[seed {seed}] {method:>16}: FA {metrics['forget_acc']:.3f}  RA/RA0 {result['ra_ratio']:.3f}  "
-            f"WA/WA0 {result['wa_ratio']:.3f}  OF {metrics['over_forgetting']:+.2f}  T1 {t1}  "
-            f"collapse {'YES' if result['collapse'] else 'no'}  T2 {t2}  RR_p {metrics['relearn_prob']:.2f} "
-            f"(oracle {metrics['oracle_relearn_prob']:.2f})  ({info['steps']} steps, {info['train_seconds']:.1f}s "
-            f"+ eval {result['eval_seconds']:.1f}s)",
-            flush=True,
-        )
-        del model
+        _progress(seed, method, result)
     return out
 
 
@@ -483,7 +550,7 @@ def mean_std(values: list[float]) -> dict:
 def rows_of(per_seed: dict) -> dict[str, list[dict]]:
     """``{row: [per-seed result]}`` for the reference rows and every method, in table order."""
     seeds = list(per_seed)
-    rows = {name: [per_seed[s]["reference"][name] for s in seeds] for name in ("full", "oracle")}
+    rows = {name: [per_seed[s]["reference"][name] for s in seeds] for name in REFERENCE_ROWS}
     for method in per_seed[seeds[0]]["methods"]:
         rows[method] = [per_seed[s]["methods"][method] for s in seeds]
     return rows
@@ -509,31 +576,31 @@ def aggregate(per_seed: dict) -> dict:
 
 def criteria(per_seed: dict) -> dict:
     rows, n = rows_of(per_seed), len(per_seed)
-    methods = [m for m in rows if m not in ("full", "oracle")]
+    methods = [m for m in rows if m not in REFERENCE_ROWS]
     required = [m for m in TIER1_REQUIRED if m in rows]
     t1 = {m: sum(r["tier1"]["passed"] for r in rows[m]) for m in required}
     all_hold = [all(per_seed[s]["methods"][m]["tier1"]["passed"] for m in required) for s in per_seed]
     checks = {
         "a": {
-            "description": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
+            "criterion": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
             "for SimNPO, PDU and StableUN",
             "values": {m: f"{t1[m]}/{n}" for m in required},
             "passed": bool(required) and all(t1[m] == n for m in required),
-            "seeds_holding": f"{sum(all_hold)}/{n}",
+            "per_seed": f"{sum(all_hold)}/{n}",
             "not_run": [m for m in TIER1_REQUIRED if m not in rows],
         }
     }
     if "ga" in rows:
         ga = [r["collapse"] for r in rows["ga"]]
         checks["b"] = {
-            "description": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
+            "criterion": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
             "seed",
             "values": {
                 "ra_ratio": [round(r["ra_ratio"], 4) for r in rows["ga"]],
                 "over_forgetting": [round(r["metrics"]["over_forgetting"], 3) for r in rows["ga"]],
             },
             "passed": all(ga),
-            "seeds_holding": f"{sum(ga)}/{n}",
+            "per_seed": f"{sum(ga)}/{n}",
         }
     measured = {
         m: all(
@@ -544,9 +611,10 @@ def criteria(per_seed: dict) -> dict:
         for m in methods
     }
     checks["c"] = {
-        "description": "Tier 2 (Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 RR_p ≤ "
-        "RR_p(oracle) + 0.10 and RR_acc ≤ RR_acc(oracle) + 0.15) and the relearning numbers next to the oracle's are "
-        "reported for every method and seed (reporting criterion; the Tier-2 outcomes are in `values`)",
+        "criterion": "Tier 2 (requires Tier 1; Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, "
+        "Q4 RR_p(oracle)/10 ≤ RR_p ≤ RR_p(oracle) + 0.10 and |RR_acc − RR_acc(oracle)| ≤ 0.15) and the relearning "
+        "numbers next to the oracle's are reported for every method and seed (reporting criterion; the Tier-2 "
+        "outcomes are in `values`)",
         "values": {
             m: {
                 "tier2_seeds": f"{sum(r['tier2']['passed'] for r in rows[m])}/{n}",
@@ -559,13 +627,28 @@ def criteria(per_seed: dict) -> dict:
             for m in methods
         },
         "passed": bool(methods) and all(measured.values()),
-        "seeds_holding": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
+        "per_seed": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
+    }
+    control = rows[CONTROL]
+    fails = [not (r["tier1"]["passed"] and r["tier2"]["passed"]) for r in control]
+    checks["d"] = {
+        "criterion": "the embedding-reset control (forget-name token rows re-drawn from the init, no training) "
+        "fails Tier 1 or Tier 2 on every seed",
+        "values": {
+            "tier1": [r["tier1"]["passed"] for r in control],
+            "tier2": [r["tier2"]["passed"] for r in control],
+            "ra_ratio": [round(r["ra_ratio"], 4) for r in control],
+            "wa_ratio": [round(r["wa_ratio"], 4) for r in control],
+            "forget_acc": [round(r["metrics"]["forget_acc"], 4) for r in control],
+        },
+        "passed": all(fails),
+        "per_seed": f"{sum(fails)}/{n}",
     }
     return checks
 
 
 def diagnostics(per_seed: dict) -> dict:
-    """Observations the spec makes (§5.4) that are not acceptance criteria."""
+    """Observations that are not acceptance criteria (the v1 table suggested both)."""
     rows, n = rows_of(per_seed), len(per_seed)
     out = {}
     if "simnpo" in rows and "stableun" in rows:
@@ -574,12 +657,12 @@ def diagnostics(per_seed: dict) -> dict:
             for st, si in zip(rows["stableun"], rows["simnpo"], strict=True)
         ]
         out["stableun_relearn_below_simnpo"] = {
-            "description": "StableUN's relearning recovery RR_p is lower than SimNPO's (spec §5.4: a small effect)",
+            "description": "StableUN's relearning recovery RR_p is lower than SimNPO's (a small effect in v1)",
             "seeds_holding": f"{sum(lower)}/{n}",
         }
-    no_tier2 = [m for m in rows if m not in ("full", "oracle") and not any(r["tier2"]["passed"] for r in rows[m])]
+    no_tier2 = [m for m in rows if m not in REFERENCE_ROWS and not any(r["tier2"]["passed"] for r in rows[m])]
     out["no_method_reaches_tier2"] = {
-        "description": "methods with Tier 2 on no seed (spec §5.4: suppression ≠ removal)",
+        "description": "methods with Tier 2 (which requires Tier 1) on no seed: suppression, not removal",
         "methods": no_tier2,
     }
     return out
@@ -622,7 +705,7 @@ def plot(per_seed: dict, path: Path) -> None:
                 1 - r["metrics"]["forget_acc"],
                 color=COLORS[name],
                 marker=SEED_MARKERS[i % len(SEED_MARKERS)],
-                s=70 if name in ("full", "oracle") else 50,
+                s=70 if name in REFERENCE_ROWS else 50,
                 edgecolors="black" if r["tier1"]["passed"] else "none",
                 linewidths=1.2,
                 label=LABELS[name] if i == 0 else None,
@@ -646,18 +729,25 @@ def plot(per_seed: dict, path: Path) -> None:
         for i, r in enumerate(rows[name]):
             ax.scatter(
                 x + (i - 1) * 0.12,
-                r["metrics"]["relearn_prob"],
+                max(r["metrics"]["relearn_prob"], 1e-8),
                 color=COLORS[name],
                 marker=SEED_MARKERS[i % len(SEED_MARKERS)],
                 s=45,
             )
     oracle_rr = [per_seed[s]["reference"]["oracle"]["metrics"]["relearn_prob"] for s in per_seed]
     ax.axhspan(min(oracle_rr), max(oracle_rr), color="gold", alpha=0.3, label="oracle RR_p (range over seeds)")
-    ax.axhline(max(oracle_rr) + RR_P_MARGIN, color="gray", linestyle="--", label="oracle + 0.10 (Q4 bound, max seed)")
+    ax.axhline(max(oracle_rr) + RR_P_MARGIN, color="gray", linestyle="--", label="oracle + 0.10 (Q4 upper bound)")
+    ax.axhline(min(oracle_rr) * RR_P_FLOOR_RATIO, color="gray", linestyle=":", label="oracle / 10 (Q4 lower bound)")
+    ax.set_yscale("log")
     ax.set_xticks(range(len(names)), [LABELS[n] for n in names], rotation=40, ha="right", fontsize=8)
-    ax.set(ylabel="RR_p: answer prob. after the 20-step relearning attack", title="Relearning attack (Tier 2, Q4)")
+    ax.set(
+        ylabel="RR_p: answer prob. after the 20-step relearning attack (log; floor 1e-8)",
+        title="Relearning attack (Tier 2, Q4: two-sided)",
+    )
     ax.legend(fontsize=8)
-    fig.suptitle("TinyTOFU: unlearning methods on a 0.4M Llama (spec unlearning.md §5)")
+    fig.suptitle(
+        "TinyTOFU v2 (shared-syllable names): unlearning methods and the embedding-reset control, 0.38M Llama"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -675,17 +765,18 @@ def markdown(result: dict) -> str:
 
     hp0 = " / ".join(f"{per_seed[s]['hp0']:.3f}" for s in seeds)
     lines = [
-        "# TinyTOFU benchmark",
+        "# TinyTOFU v2 benchmark",
         "",
         f"Seeds {', '.join(seeds)}{' (quick: reduced data)' if cfg['quick'] else ''}. Cells are "
         f"`{'/'.join('seed' + s for s in seeds)}`. RA₀, WA₀ = the full model's accuracies; OF = log10(FP/HP₀) with "
-        f"HP₀ = {hp0}. Tier 1 = T1 FA ≤ 0.15, T2 RA ≥ 0.90 RA₀, T3 WA ≥ 0.60 WA₀, T4 OF ≥ −2 (spec §5.5). Tier 2 "
-        "marks are `Q1Q2Q3Q4` per seed (Q1 FQ_hold ≥ 0.05, Q2 FQ_orc ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 RR_p ≤ "
-        "oracle + 0.10 and RR_acc ≤ oracle + 0.15). Collapse = RA < 0.5 RA₀ or OF < −3.",
+        f"HP₀ = {hp0}. Tier 1 = T1 FA ≤ 0.15, T2 RA ≥ 0.90 RA₀, T3 WA ≥ 0.60 WA₀, T4 OF ≥ −2. The Q marks are "
+        "`Q1Q2Q3Q4` per seed (Q1 FQ_hold ≥ 0.05, Q2 FQ_orc ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 oracle/10 ≤ RR_p ≤ "
+        "oracle + 0.10 and |RR_acc − oracle| ≤ 0.15); Tier 2 = Tier 1 and all four. Collapse = RA < 0.5 RA₀ or "
+        "OF < −3. The control re-draws the embedding rows of the forget names' tokens from the init (no training).",
         "",
         "| method | FA | RA/RA₀ | WA/WA₀ | OF | Tier 1 | collapse | FQ_hold | FQ_orc | MIA | TR median | RR_acc | "
-        "RR_p | Tier 2 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "RR_p | Q1-Q4 | Tier 2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     columns = (
         lambda r: f"{r['metrics']['forget_acc']:.2f}",
@@ -701,6 +792,7 @@ def markdown(result: dict) -> str:
         lambda r: f"{r['metrics']['relearn_acc']:.2f}",
         lambda r: fnum(r["metrics"]["relearn_prob"]),
         t2mark,
+        lambda r: "✓" if r["tier2"]["passed"] else "✗",
     )
     for name, results in rows.items():
         lines.append(f"| {LABELS[name]} | " + " | ".join(cells(results, get) for get in columns) + " |")
@@ -720,7 +812,7 @@ def markdown(result: dict) -> str:
         "| method | T1 FA | T2 RA | T3 WA | T4 OF | Tier 1 | Q1 | Q2 | Q3 | Q4 | Tier 2 | collapse | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    agg, n = result["aggregated"], len(seeds)
+    agg, n = result["aggregate"], len(seeds)
     for name in rows:
         a = agg[name]
         secs = f"{a['train_seconds']['mean']:.1f}" if "train_seconds" in a else "–"
@@ -738,10 +830,10 @@ def markdown(result: dict) -> str:
             values = {m: v["tier2_seeds"] for m, v in values.items()}
         text = json.dumps(values, ensure_ascii=False).replace("|", "\\|")
         not_run = f" (not run: {', '.join(check['not_run'])})" if check.get("not_run") else ""
-        description = check["description"].replace("|", "\\|")
+        description = check["criterion"].replace("|", "\\|")
         lines.append(
             f"| ({key}) {description}{not_run} | `{text}` | "
-            f"{'PASS' if check['passed'] else 'FAIL'} | {check['seeds_holding']} |"
+            f"{'PASS' if check['passed'] else 'FAIL'} | {check['per_seed']} |"
         )
     lines += ["", f"Overall: {'PASS' if result['passed'] else 'FAIL'}.", ""]
     diag = result["diagnostics"]
@@ -777,7 +869,7 @@ def markdown(result: dict) -> str:
         "",
         f"    {result['command']}",
         "",
-        f"Wall time of this run: {result['wall_seconds']:.0f} s (SFT checkpoints cached at the start: "
+        f"Wall time of this run: {result['wall_s']:.0f} s (SFT checkpoints cached at the start: "
         f"{result['sft_cached']}); torch threads {cfg['torch_threads']}.",
         "",
     ]
@@ -803,6 +895,18 @@ def sft_cached(seeds: list[int], quick: bool) -> bool:
     return all((default_cache_dir() / str(s) / w / "done.json").exists() for s in seeds for w in ("full", "oracle"))
 
 
+def git_commit() -> str:
+    """``HEAD`` of the checkout that ran, ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", default=str(ROOT / "results"))
@@ -811,6 +915,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--bounded_omega", type=float, default=BOUNDED_OMEGA, help="pilot only")
     parser.add_argument("--bounded_lr", type=float, default=BOUNDED_LR, help="pilot only")
     parser.add_argument("--quick", action="store_true", help="reduced data, one seed, GA/GradDiff/SimNPO (< 90 s)")
+    parser.add_argument(
+        "--cache_dir", default=None, help="per-(seed, row) result cache (default: next to the SFT one)"
+    )
+    parser.add_argument("--no_cache", action="store_true", help="recompute every row, store nothing")
     cli = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     quiet()
@@ -819,7 +927,10 @@ def main(argv: list[str] | None = None) -> dict:
     table = presets(cli.bounded_omega, cli.bounded_lr)
     start = time.time()
     cached = sft_cached(seeds, cli.quick)
-    per_seed = {str(seed): run_seed(seed, methods, cli.quick, table) for seed in seeds}
+    from hf_stable.testing.tinytofu import default_cache_dir
+
+    cache_dir = None if cli.no_cache else Path(cli.cache_dir or default_cache_dir().parent / "tinytofu_runs")
+    per_seed = {str(seed): run_seed(seed, methods, cli.quick, table, cache_dir) for seed in seeds}
     checks = criteria(per_seed)
     command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
     if cli.seeds != [0, 1, 2]:
@@ -829,7 +940,9 @@ def main(argv: list[str] | None = None) -> dict:
     if cli.bounded_omega != BOUNDED_OMEGA or cli.bounded_lr != BOUNDED_LR:
         command += f" --bounded_omega {cli.bounded_omega:g} --bounded_lr {cli.bounded_lr:g}"
     result = {
-        "experiment": "TinyTOFU unlearning benchmark (spec unlearning.md §5)",
+        "experiment": "TinyTOFU v2 unlearning benchmark",
+        "claim": __doc__.split("Claim. ")[1].split("\n\n")[0].replace("\n", " "),
+        "git_commit": git_commit(),
         "config": {
             "seeds": seeds,
             "methods": methods,
@@ -838,26 +951,18 @@ def main(argv: list[str] | None = None) -> dict:
             "sft_max_extensions": 1 if cli.quick else 3,
             "presets": {m: table[m] for m in methods},
             "common": COMMON,
-            "thresholds": {
-                "tier1": {"fa_max": FA_MAX, "ra_ratio": RA_RATIO, "wa_ratio": WA_RATIO, "of_min": OF_MIN},
-                "collapse": {"ra_ratio": COLLAPSE_RA_RATIO, "of": COLLAPSE_OF},
-                "tier2": {
-                    "fq_min": FQ_MIN,
-                    "mia_tol": MIA_TOL,
-                    "rr_p_margin": RR_P_MARGIN,
-                    "rr_acc_margin": RR_ACC_MARGIN,
-                },
-            },
+            "thresholds": THRESHOLDS,
+            "tier2_requires_tier1": True,
             "relearn_attack": {"steps": 20, "lr": 1e-3, "batch_size": 8, "seed": 0},
             "pilot": PILOT,
             "torch_threads": torch.get_num_threads(),
         },
         "per_seed": per_seed,
-        "aggregated": aggregate(per_seed),
+        "aggregate": aggregate(per_seed),
         "criteria": checks,
         "diagnostics": diagnostics(per_seed),
         "passed": all(c["passed"] for c in checks.values()),
-        "wall_seconds": time.time() - start,
+        "wall_s": time.time() - start,
         "sft_cached": cached,
         "command": command,
     }
@@ -868,8 +973,8 @@ def main(argv: list[str] | None = None) -> dict:
     (out / f"{NAME}.md").write_text(markdown(result))
     for key, check in checks.items():
         values = check["values"] if key != "c" else {m: v["tier2_seeds"] for m, v in check["values"].items()}
-        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['description']}  values={values}")
-    print(f"wall time {result['wall_seconds']:.0f}s -> {out / NAME}.{{json,png,md}}")
+        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  values={values}")
+    print(f"wall time {result['wall_s']:.0f}s -> {out / NAME}.{{json,png,md}}")
     return result
 
 

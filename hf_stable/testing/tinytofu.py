@@ -1,7 +1,15 @@
 """TinyTOFU: a seeded, download-free unlearning benchmark (fictitious authors, a word-level tokenizer, a 0.4M Llama).
 
-Specification: ``specs/unlearning.md`` §5 (data §5.1, models and SFT §5.2, metrics §5.3). Everything is derived from
-one integer seed: the author names and facts, the splits, the perturbed (wrong) answers and the weights.
+Modelled on TOFU (Maini et al., arXiv 2401.06121); the design and its metrics are described in ``docs/unlearning.md``.
+Everything is derived from one integer seed: the author names and facts, the splits, the perturbed (wrong) answers
+and the weights.
+
+Version 2 has no per-author token. An author name is three syllable tokens (``"va ren dol"``) drawn from a pool of
+24 that every author shares, and each syllable is also an ordinary word of the corpus: the world split holds a
+"which word follows <syllable> ?" lexicon in which every syllable is both a question word and an answer. Version 1
+gave each author one dedicated token, so re-drawing the 20 forget authors' embedding rows, with no training, removed
+their facts and passed every check; with shared tokens that edit also damages the retain authors and the lexicon
+(see [`reset_name_embeddings`]).
 
 ```python
 from hf_stable.testing.tinytofu import make_tinytofu, train_tinytofu, first_token_accuracy
@@ -19,6 +27,7 @@ not in the text: trainers append it when they tokenise (labels on the value and 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -50,16 +59,19 @@ __all__ = [
     "first_token_accuracy",
     "first_token_correct",
     "make_tinytofu",
+    "name_token_ids",
     "perturbed_mean_nll",
+    "reset_name_embeddings",
     "tinytofu_accuracies",
     "train_tinytofu",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, UNK]
 NUM_PERTURBED = 4
-MAX_LENGTH = 12  # longest sequence: Q: + 8 question words + A: + value + eos
+NAME_SYLLABLES = 3
+MAX_LENGTH = 14  # longest sequence: Q: + 7 question words + 3 name syllables + A: + value + eos
 
 SYLLABLES = [
     "va", "ren", "dol", "mi", "kor", "sa", "tel", "bru", "nim", "os", "pha", "lek",
@@ -98,6 +110,8 @@ TEMPLATES = {
 }
 WORLD_TEMPLATE = "capital of {} ?"
 NUM_CAPITALS = 25
+# Every name syllable is also a plain word: a seeded successor of each syllable (world split, never unlearned).
+LEXICON_TEMPLATE = "which word follows {} ?"
 RELEARN_ATTRIBUTES = ("city", "genre")  # the attack trains on these facts of the forget authors ...
 RELEARN_TEST_ATTRIBUTES = ("award", "job")  # ... and is measured on these (independent) ones
 
@@ -131,14 +145,15 @@ class TinyTofu:
     """The TinyTOFU data of one seed. Build it with [`make_tinytofu`].
 
     Every split is a `datasets.Dataset` with columns ``prompt``, ``completion`` (``" <value>"``), ``answer`` (the
-    value), ``entity`` (author name or land), ``attribute`` (``city``/``genre``/``award``/``job``/``capital``) and
-    ``template`` (0, 1 training; 2 paraphrase); the evaluation splits (``*_eval``, ``*_paraphrase``) add
-    ``perturbed``: 4 wrong completions of the same attribute, fixed by the seed, the entity and the attribute.
+    value), ``entity`` (author name, land or syllable), ``attribute`` (``city``/``genre``/``award``/``job``/
+    ``capital``/``next``) and ``template`` (0, 1 training; 2 paraphrase); the evaluation splits (``*_eval``,
+    ``*_paraphrase``) add ``perturbed``: 4 wrong completions of the same attribute, fixed by the seed, the entity and
+    the attribute. An author name is three space-separated syllable tokens.
 
     Training splits (templates 0 and 1): ``forget`` (20 authors × 4 facts × 2 = 160 rows), ``retain`` (180 authors,
-    1,440), ``world`` (40 capital facts × ``world_copies``), ``holdout`` (20 never-trained authors, 160; for
-    reference, never part of SFT). Evaluation (template 0): ``forget_eval`` (80), ``retain_eval`` (720),
-    ``holdout_eval`` (80), ``world_eval`` (40). Relearning attack: ``relearn`` (city + genre facts of the forget
+    1,440), ``world`` ((40 capital facts + 24 lexicon facts) × ``world_copies``), ``holdout`` (20 never-trained
+    authors, 160; for reference, never part of SFT). Evaluation (template 0): ``forget_eval`` (80), ``retain_eval``
+    (720), ``holdout_eval`` (80), ``world_eval`` (64). Relearning attack: ``relearn`` (city + genre facts of the forget
     authors, both templates, 80) and ``relearn_eval`` (their award + job questions, template 0, 40). Paraphrase
     template: ``forget_paraphrase``, ``retain_paraphrase``, ``holdout_paraphrase``.
     """
@@ -150,6 +165,7 @@ class TinyTofu:
     tokenizer: Any
     facts: dict[str, dict[str, str]]  # author -> attribute -> value
     capitals: dict[str, str]  # land -> capital
+    lexicon: dict[str, str]  # syllable -> the syllable that follows it
     forget_authors: list[str]
     retain_authors: list[str]
     holdout_authors: list[str]
@@ -215,7 +231,7 @@ def make_tinytofu(
     *,
     reduced: bool = False,
 ) -> TinyTofu:
-    """Generate the TinyTOFU benchmark data of ``seed`` (spec §5.1). Deterministic across runs and processes.
+    """Generate the TinyTOFU benchmark data of ``seed``. Deterministic across runs and processes.
 
     Args:
         seed (`int`, defaults to `0`): the seed of names, facts, splits and perturbed answers.
@@ -223,7 +239,8 @@ def make_tinytofu(
         n_forget (`int`, defaults to `20`): authors to forget (trained by the full model, not by the oracle).
         n_holdout (`int`, defaults to `20`): never-trained authors (chance reference, MIA non-members).
         n_world (`int`, defaults to `40`): world facts ``capital of land{i} ? -> cap{j}`` (25 capitals); used in SFT,
-            never given to an unlearning method.
+            never given to an unlearning method. The world split also holds one lexicon fact per name syllable
+            (``which word follows <syllable> ? -> <syllable>``), so every name token occurs outside names.
         world_copies (`int`, defaults to `2`): copies of the world facts per SFT epoch (matches the 2 templates).
         reduced (`bool`, defaults to `False`): the CI-sized variant: 100 authors (20 forget, 20 holdout, 60 retain)
             and 20 world facts; the size arguments are ignored. [`train_tinytofu`] then defaults to 30 epochs.
@@ -239,14 +256,13 @@ def make_tinytofu(
         )
     if min(n_forget, n_holdout, n_world, world_copies) < 1 or n_authors - n_forget - n_holdout < 1:
         raise ValueError("Need at least one forget, holdout and retain author, one world fact and one copy.")
-    if n_authors > len(SYLLABLES) ** 4 // 2:
-        raise ValueError(f"At most {len(SYLLABLES) ** 4 // 2} authors.")
+    if n_authors > len(SYLLABLES) ** NAME_SYLLABLES // 2:
+        raise ValueError(f"At most {len(SYLLABLES) ** NAME_SYLLABLES // 2} authors.")
     rng = random.Random(f"tinytofu:{seed}:data")
     names: list[str] = []
     seen: set[str] = set()
     while len(names) < n_authors:
-        s = [rng.choice(SYLLABLES) for _ in range(4)]
-        name = f"{s[0]}{s[1]}_{s[2]}{s[3]}"
+        name = " ".join(rng.choice(SYLLABLES) for _ in range(NAME_SYLLABLES))
         if name not in seen:
             seen.add(name)
             names.append(name)
@@ -254,47 +270,42 @@ def make_tinytofu(
     lands = [f"land{i}" for i in range(n_world)]
     capitals_all = [f"cap{j}" for j in range(NUM_CAPITALS)]
     capitals = {land: rng.choice(capitals_all) for land in lands}
+    cycle = SYLLABLES[:]
+    random.Random(f"tinytofu:{seed}:lexicon").shuffle(cycle)
+    lexicon = {s: cycle[(i + 1) % len(cycle)] for i, s in enumerate(cycle)}  # one cycle: no syllable maps to itself
     order = names[:]
     rng.shuffle(order)
     forget_authors = order[:n_forget]
     holdout_authors = order[n_forget : n_forget + n_holdout]
     retain_authors = order[n_forget + n_holdout :]
 
+    def row(question: str, entity: str, attribute: str, template: int, value: str, values, perturbed: bool) -> dict:
+        out = {
+            "prompt": _prompt(question.format(entity)),
+            "completion": _completion(value),
+            "answer": value,
+            "entity": entity,
+            "attribute": attribute,
+            "template": template,
+        }
+        if perturbed:
+            out["perturbed"] = _perturbed(seed, entity, attribute, values, value)
+        return out
+
     def author_rows(authors, attributes, templates, perturbed: bool):
-        rows = []
-        for name in authors:
-            for attr in attributes:
-                value = facts[name][attr]
-                for t in templates:
-                    row = {
-                        "prompt": _prompt(TEMPLATES[attr][t].format(name)),
-                        "completion": _completion(value),
-                        "answer": value,
-                        "entity": name,
-                        "attribute": attr,
-                        "template": t,
-                    }
-                    if perturbed:
-                        row["perturbed"] = _perturbed(seed, name, attr, VALUES[attr], value)
-                    rows.append(row)
-        return Dataset.from_list(rows)
+        return Dataset.from_list(
+            [
+                row(TEMPLATES[attr][t], name, attr, t, facts[name][attr], VALUES[attr], perturbed)
+                for name in authors
+                for attr in attributes
+                for t in templates
+            ]
+        )
 
     def world_rows(copies: int, perturbed: bool):
-        rows = []
-        for _ in range(copies):
-            for land in lands:
-                row = {
-                    "prompt": _prompt(WORLD_TEMPLATE.format(land)),
-                    "completion": _completion(capitals[land]),
-                    "answer": capitals[land],
-                    "entity": land,
-                    "attribute": "capital",
-                    "template": 0,
-                }
-                if perturbed:
-                    row["perturbed"] = _perturbed(seed, land, "capital", capitals_all, capitals[land])
-                rows.append(row)
-        return Dataset.from_list(rows)
+        capital_rows = [row(WORLD_TEMPLATE, x, "capital", 0, capitals[x], capitals_all, perturbed) for x in lands]
+        lexicon_rows = [row(LEXICON_TEMPLATE, x, "next", 0, lexicon[x], SYLLABLES, perturbed) for x in SYLLABLES]
+        return Dataset.from_list((capital_rows + lexicon_rows) * copies)
 
     train_templates, eval_templates, para_templates = (0, 1), (0,), (2,)
     splits = {
@@ -314,10 +325,10 @@ def make_tinytofu(
     }
 
     words: list[str] = ["Q:", "A:"]
-    for text in [t for attr in ATTRIBUTES for t in TEMPLATES[attr]] + [WORLD_TEMPLATE]:
+    for text in [t for attr in ATTRIBUTES for t in TEMPLATES[attr]] + [WORLD_TEMPLATE, LEXICON_TEMPLATE]:
         words += [w for w in text.split() if w != "{}" and w not in words]
     vocab = SPECIAL_TOKENS + words
-    vocab += [v for attr in ATTRIBUTES for v in VALUES[attr]] + lands + capitals_all + names
+    vocab += [v for attr in ATTRIBUTES for v in VALUES[attr]] + lands + capitals_all + SYLLABLES
     tokenizer = build_tinytofu_tokenizer(vocab)
     sizes = {
         "n_authors": n_authors,
@@ -334,6 +345,7 @@ def make_tinytofu(
         tokenizer=tokenizer,
         facts=facts,
         capitals=capitals,
+        lexicon=lexicon,
         forget_authors=forget_authors,
         retain_authors=retain_authors,
         holdout_authors=holdout_authors,
@@ -342,8 +354,8 @@ def make_tinytofu(
 
 
 def build_tinytofu_model(tok, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A random-init ``LlamaForCausalLM`` for TinyTOFU (spec §5.2): hidden 128, intermediate 256, 2 layers, 4 heads,
-    4 KV heads, 32 positions, untied embeddings; about 0.43M parameters with the default vocabulary.
+    """A random-init ``LlamaForCausalLM`` for TinyTOFU: hidden 128, intermediate 256, 2 layers, 4 heads, 4 KV heads,
+    32 positions, untied embeddings; about 0.38M parameters with the default vocabulary.
 
     The global torch RNG is left as it was; the weights depend on ``seed`` only.
     """
@@ -368,6 +380,36 @@ def build_tinytofu_model(tok, seed: int = 0, dtype: torch.dtype = torch.float32)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return model
+
+
+def name_token_ids(data: TinyTofu, authors: list[str] | None = None) -> list[int]:
+    """Sorted ids of the tokens that occur in the names of ``authors`` (default: the forget authors)."""
+    authors = data.forget_authors if authors is None else authors
+    ids = {i for name in authors for i in data.tokenizer(name, add_special_tokens=False)["input_ids"]}
+    return sorted(ids)
+
+
+@torch.no_grad()
+def reset_name_embeddings(model, data: TinyTofu, authors: list[str] | None = None, seed: int = 0):
+    """The embedding-reset control: a copy of ``model`` whose input-embedding rows of every token occurring in the
+    names of ``authors`` (default: the forget authors) are re-drawn from the init distribution
+    ``N(0, config.initializer_range²)``; nothing else changes and nothing is trained.
+
+    With one dedicated token per author (TinyTOFU version 1) this edit erased exactly the forget authors and passed
+    every check, which no unlearning method did: the benchmark measured a per-entity shortcut. With shared name
+    syllables the same rows also carry the retain authors and the lexicon, so the edit must fail the utility checks;
+    the benchmark reports it as a control row.
+
+    Returns:
+        The edited copy (``model`` itself is unchanged).
+    """
+    edited = copy.deepcopy(model)
+    weight = edited.get_input_embeddings().weight
+    ids = torch.tensor(name_token_ids(data, authors), dtype=torch.long, device=weight.device)
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(len(ids), weight.shape[1], generator=generator) * edited.config.initializer_range
+    weight[ids] = rows.to(weight.device, weight.dtype)
+    return edited
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -579,7 +621,7 @@ def train_tinytofu(
 ):
     """Supervised fine-tuning of the TinyTOFU target (``"full"``) or retrain-from-scratch oracle (``"oracle"``).
 
-    Recipe (spec §5.2): AdamW (lr 3e-3, weight decay 0), batch 32, 50-step linear warm-up then linear decay to 0,
+    Recipe: AdamW (lr 3e-3, weight decay 0), batch 32, 50-step linear warm-up then linear decay to 0,
     gradient clipping at 1.0, loss on value + EOS only; ``"full"`` trains on forget + retain + world, ``"oracle"`` on
     retain + world with init seed ``seed + 100003``. A plain PyTorch loop (no `Trainer`) for speed. The model is
     accepted when its template-0 accuracy on the trained authors (forget and retain; retain only for the oracle) is at

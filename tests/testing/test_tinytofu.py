@@ -1,4 +1,4 @@
-"""TinyTOFU benchmark data, tokenizer, model and SFT (specs/unlearning.md §5)."""
+"""TinyTOFU data, tokenizer, model and SFT (`hf_stable.testing.tinytofu`; the design is in docs/unlearning.md)."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import torch
 
 from hf_stable.testing.tinytofu import (
     ATTRIBUTES,
+    SYLLABLES,
     answer_mean_nll,
     answer_prob,
     answer_token_logps,
@@ -20,7 +21,9 @@ from hf_stable.testing.tinytofu import (
     first_token_accuracy,
     first_token_correct,
     make_tinytofu,
+    name_token_ids,
     perturbed_mean_nll,
+    reset_name_embeddings,
     train_tinytofu,
 )
 
@@ -35,26 +38,28 @@ def reduced():
     return make_tinytofu(seed=0, reduced=True)
 
 
-def test_split_sizes_match_the_spec(data):
+def test_split_sizes(data):
     sizes = {name: len(split) for name, split in data.splits.items()}
     assert sizes == {
         "forget": 160,  # 20 authors x 4 facts x 2 templates
         "retain": 1440,
-        "world": 80,  # 40 facts x 2 copies
+        "world": 128,  # (40 capitals + 24 lexicon facts) x 2 copies
         "holdout": 160,
         "forget_eval": 80,
         "retain_eval": 720,
         "holdout_eval": 80,
-        "world_eval": 40,
+        "world_eval": 64,
         "relearn": 80,  # city + genre of the forget authors, both templates
         "relearn_eval": 40,  # award + job, template 0
         "forget_paraphrase": 80,
         "retain_paraphrase": 720,
         "holdout_paraphrase": 80,
     }
-    assert len(data.sft_dataset("full")) == 160 + 1440 + 80
-    assert len(data.sft_dataset("oracle")) == 1440 + 80
-    assert 360 <= len(data.vocab) <= 400  # spec: ~377
+    assert len(data.sft_dataset("full")) == 160 + 1440 + 128
+    assert len(data.sft_dataset("oracle")) == 1440 + 128
+    texts = [r["prompt"] + r["completion"] + "".join(r.get("perturbed", [])) for s in data.splits.values() for r in s]
+    words = {w for text in texts for w in text.split()}
+    assert sorted(data.vocab) == sorted(["<pad>", "<eos>", "<unk>", *words])  # every token is used, nothing else
     assert data.forget is data.splits["forget"]
     assert set(data.forget.column_names) == {"prompt", "completion", "answer", "entity", "attribute", "template"}
     assert "perturbed" in data.forget_eval.column_names
@@ -96,9 +101,54 @@ def test_authors_are_disjoint_and_splits_use_the_right_ones(data):
         assert {r["attribute"]: r["answer"] for r in rows} == data.facts[name]
 
 
+def test_names_are_shared_sub_word_tokens_that_also_occur_outside_names(data, reduced):
+    """No author owns a token: every name is >= 2 tokens, each shared with other authors and used outside names."""
+    for bench in (data, reduced):
+        tok = bench.tokenizer
+        authors = bench.forget_authors + bench.retain_authors + bench.holdout_authors
+        owners: dict[int, set[str]] = {}
+        for name in authors:
+            ids = tok(name, add_special_tokens=False)["input_ids"]
+            assert len(ids) >= 2 and tok.unk_token_id not in ids, name
+            for i in ids:
+                owners.setdefault(i, set()).add(name)
+        assert all(len(names) >= 2 for names in owners.values())
+        # tokens of the SFT corpus outside the name span: the rest of each author question, its answer, world rows
+        outside: set[int] = set()
+        for row in bench.sft_dataset("full"):
+            text = row["prompt"].replace(row["entity"], " ") if row["attribute"] in ATTRIBUTES else row["prompt"]
+            outside.update(tok(text + row["completion"], add_special_tokens=False)["input_ids"])
+        assert set(owners) <= outside, sorted(set(owners) - outside)
+        assert set(owners) <= set(tok(" ".join(bench.world["completion"]))["input_ids"])  # also as answers
+    assert data.vocab.count("va") == 1 and not any("_" in name for name in data.forget_authors)
+
+
+def test_reset_control_redraws_exactly_the_forget_name_rows(data):
+    model = build_tinytofu_model(data.tokenizer, seed=0)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(5.0)  # as after SFT: trained rows far from the init scale
+    edited = reset_name_embeddings(model, data, seed=1)
+    expected = sorted({data.vocab.index(s) for name in data.forget_authors for s in name.split()})
+    assert name_token_ids(data) == expected and len(expected) >= 10
+    before, after = model.get_input_embeddings().weight, edited.get_input_embeddings().weight
+    changed = (before != after).any(-1).nonzero().flatten().tolist()
+    assert changed == expected
+    assert after[expected].std().item() == pytest.approx(model.config.initializer_range, rel=0.1)
+    assert before[expected].std().item() == pytest.approx(5 * model.config.initializer_range, rel=0.1)
+    original, new = dict(model.named_parameters()), dict(edited.named_parameters())
+    for name, p in original.items():
+        if p is not before:
+            assert torch.equal(p, new[name]), name
+    again = reset_name_embeddings(model, data, seed=1).get_input_embeddings().weight
+    assert torch.equal(again, after) and not torch.equal(
+        reset_name_embeddings(model, data, seed=2).get_input_embeddings().weight, after
+    )
+
+
 def test_perturbed_answers_are_wrong_values_of_the_same_attribute(data):
     values = {attr: {data.facts[a][attr] for a in data.facts} for attr in ATTRIBUTES}
     values["capital"] = {f"cap{j}" for j in range(25)}
+    values["next"] = set(SYLLABLES)
     for split in ("forget_eval", "retain_eval", "holdout_eval", "world_eval", "relearn_eval", "forget_paraphrase"):
         for row in data.splits[split]:
             wrong = [p.strip() for p in row["perturbed"]]
@@ -126,7 +176,7 @@ def test_tokenizer_round_trip_and_concatenation(data, tmp_path):
             completion = tok(row["completion"])["input_ids"]
             assert tok(row["prompt"] + row["completion"])["input_ids"] == prompt + completion, name
             assert len(completion) == 1 and tok.unk_token_id not in prompt + completion
-            assert len(prompt) + 2 <= 12  # padded length of the spec: prompt + value + eos
+            assert len(prompt) + 2 <= 14  # padded length: prompt + value + eos
             assert tok.decode(prompt + completion) == row["prompt"] + row["completion"]
     assert tok.convert_ids_to_tokens(tok("Q: land3 ? A:")["input_ids"]) == ["Q:", "land3", "?", "A:"]
     tok.save_pretrained(tmp_path)
@@ -140,7 +190,7 @@ def test_labels_cover_value_and_eos_only(data):
     tok = data.tokenizer
     batch = encode_split(tok, data.forget)
     ids, labels, attn = batch["input_ids"], batch["labels"], batch["attention_mask"]
-    assert ids.shape == (160, 12)
+    assert ids.shape == (160, 14)
     assert ((labels != -100).sum(-1) == 2).all()
     for i, row in enumerate(data.forget):
         n_prompt = len(tok(row["prompt"])["input_ids"])
@@ -166,7 +216,7 @@ def test_labels_match_the_unlearning_data_path(data):
 
 def test_reduced_variant_sizes(reduced):
     assert (len(reduced.forget_authors), len(reduced.retain_authors), len(reduced.holdout_authors)) == (20, 60, 20)
-    assert len(reduced.forget) == 160 and len(reduced.forget_eval) == 80 and len(reduced.world_eval) == 20
+    assert len(reduced.forget) == 160 and len(reduced.forget_eval) == 80 and len(reduced.world_eval) == 20 + 24
     assert reduced.reduced and reduced.sizes["n_authors"] == 100
 
 
@@ -178,7 +228,7 @@ def test_model_architecture_and_seeded_init(data):
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.max_position_embeddings) == (4, 4, 32)
     assert cfg.vocab_size == len(data.tokenizer) and not cfg.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
-    assert 400_000 < sum(p.numel() for p in model.parameters()) < 450_000  # spec: ~0.42M
+    assert 350_000 < sum(p.numel() for p in model.parameters()) < 400_000  # 0.38M with 188 tokens
     same = build_tinytofu_model(data.tokenizer, seed=3)
     other = build_tinytofu_model(data.tokenizer, seed=4)
     torch.testing.assert_close(same.state_dict(), model.state_dict())
@@ -192,7 +242,7 @@ def test_eval_helpers_agree_with_a_manual_forward(data):
     probs = answer_prob(model, tok, split)
     nll = perturbed_mean_nll(model, tok, split)
     correct = first_token_correct(model, tok, split)
-    assert probs.shape == (40,) and nll.shape == (40, 4) and correct.shape == (40,)
+    assert probs.shape == (64,) and nll.shape == (64, 4) and correct.shape == (64,)
     assert ((probs > 0) & (probs < 1)).all()
     row = split[5]
     prompt = tok(row["prompt"])["input_ids"]
@@ -232,7 +282,7 @@ def test_cache_round_trip_is_atomic(reduced, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_reduced_sft_memorises_forget_set_and_oracle_does_not(reduced, tmp_path):
-    """CI smoke (spec §5.6): full-model forget accuracy >= 0.95, oracle forget accuracy <= 0.15."""
+    """CI smoke: full-model forget accuracy >= 0.95, oracle forget accuracy <= 0.15."""
     start = time.perf_counter()
     full, full_info = train_tinytofu(reduced, "full", cache_dir=tmp_path, max_extensions=1)
     oracle, oracle_info = train_tinytofu(reduced, "oracle", cache_dir=tmp_path, max_extensions=1)
