@@ -26,7 +26,9 @@ Design.
   identical for every arm), 200 steps:
   - `static`: `advantage_estimator="grpo"`, `reward_weighting="static"` (TRL's weighted sum, group z-score);
   - `dvao`: `advantage_estimator="dvao"` (γ = 1);
-  - `ctwa`: `reward_weighting="ctwa"`, package defaults (covariance targets 0.1, `ctwa_lambda_lr` 0.05, EMA 0.1);
+  - `ctwa`: `reward_weighting="ctwa"`, package defaults (correlation targets 1/sqrt(K) = 0.707 per objective,
+    `ctwa_lambda_lr` 0.05, EMA 0.1; until the stored result was regenerated the defaults were raw covariance targets
+    0.1, under which the weights never moved and the arm reproduced the static runs exactly);
   - `hypervolume`: `reward_weighting="hypervolume"`, `drw_val_size=32` (the validation set above), evaluated after
     every step; the multiplier `0.5 + 1.5 tanh(HVC)` scales the advantages;
   - `gradient`: `reward_weighting="gradient"`, mirror-ascent step `lr·s/μ` with `drw_regularization` μ = 0.05 so
@@ -632,7 +634,7 @@ def interpretation(agg: dict, result: dict) -> str:
         )
     if "ctwa" in a and a["ctwa"]["diagnostics"].get("ctwa_max_deficit", 1.0) == 0.0:
         parts.append(
-            "CTWA's within-group covariances never fell below their 0.1 targets, so its weights never moved "
+            "CTWA's within-group correlations never fell below their 1/sqrt(K) targets, so its weights never moved "
             "and its runs are the static runs."
         )
     if "gradient" in a:
@@ -726,7 +728,7 @@ EXPERIMENT = Experiment(
         "max_completion_length": MAX_COMPLETION,
         "split_seed": SPLIT_SEED,
         "tolerance": TOLERANCE,
-        "ctwa": {"cov_targets": [0.1, 0.1], "lambda_lr": 0.05, "ema_tau": 0.1},
+        "ctwa": {"use_corr": True, "targets": [2**-0.5, 2**-0.5], "lambda_lr": 0.05, "ema_tau": 0.1},
         "dvao": {"sigma_power": 1.0},
         "hypervolume": {"eval_every": 1},
         "gradient": {"target_step": GRADIENT_STEP},
