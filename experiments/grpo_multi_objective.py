@@ -34,7 +34,10 @@ Design.
   - `gradient`: `reward_weighting="gradient"`, mirror-ascent step `lr·s/μ` with `drw_regularization` μ = 0.05 so
     that the step is ≈ 0.1 (0.11) at LR 1e-4 for the median |influence score| (56.7) of its first 10 steps on the
     pilot seed (the package default μ = 1e-5 would give steps of ≈ 570: one-hot weights after one update); the
-    weights update every 2 steps (`drw_every_n_steps=2`, a cost gate the paper's method allows).
+    weights update every 2 steps (`drw_every_n_steps=2`, a cost gate the paper's method allows). The scores are
+    inner products over the package's default `drw_target_params` (since the regeneration, the last transformer
+    block's parameters; every parameter when μ was calibrated), so the same μ now gives smaller steps (first
+    logged scores ≈ 6-30 instead of ≈ 57); μ is kept as pre-registered.
 * Metrics every `eval_every` steps on the test prompts, 4 samples per prompt at temperature 1 (the policy the methods
   optimise; fixed evaluation RNG shared by all arms): the mean of each reward. Greedy means at the end; the weights
   (and the hypervolume multiplier) from the trainer logs.
