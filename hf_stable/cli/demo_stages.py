@@ -6,10 +6,13 @@ the table and writes ``results.json``.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from dataclasses import dataclass
 
 from transformers import PrinterCallback, ProgressCallback
+
+from ._quiet import _DropMessage
 
 
 @dataclass
@@ -353,7 +356,17 @@ def unlearn(ctx) -> dict:
     from ..trainers.unlearning import UnlearningConfig, UnlearningTrainer
 
     data = make_tinytofu(0, reduced=True)
-    model, info = train_tinytofu(data, "full", seed=0, max_extensions=1)  # trained once (~660 steps), then cached
+    # The reduced set's seed-0 authors "sa sel bru" and "sa sel sel" differ only in their last syllable; the tiny model
+    # keeps confusing three of the first one's facts (forget accuracy 0.9625 after 50 and after 70 epochs), under the
+    # 0.98 bar `train_tinytofu` warns about. The demo shows that accuracy in its "before" column and records
+    # `tinytofu_model_accepted` in results.json, so the library's warning would only repeat it on a newcomer's screen.
+    bar = _DropMessage("TinyTOFU %s seed %d not accepted")
+    tinytofu_logger = logging.getLogger("hf_stable.testing.tinytofu")
+    tinytofu_logger.addFilter(bar)
+    try:
+        model, info = train_tinytofu(data, "full", seed=0, max_extensions=1)  # trained once (~660 steps), then cached
+    finally:
+        tinytofu_logger.removeFilter(bar)
     hp0 = answer_prob(model, data.tokenizer, data.holdout_eval).mean().item()
     sets = dict(
         forget=data.forget_eval,
@@ -400,6 +413,8 @@ def unlearn(ctx) -> dict:
         "method": "simnpo",
         "steps": args.max_steps,
         "tinytofu_model": "cached" if info.get("cached") else "trained",
+        "tinytofu_model_accepted": info["accepted"],
+        "tinytofu_model_accuracy": info["accuracy"],
         "before": {k: before[k] for k in keys},
         "after": {k: after[k] for k in keys},
         "row": (

@@ -42,6 +42,7 @@ def test_demo_all_stages_quick(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Warning" not in result.stderr and "warnings.warn" not in result.stderr, result.stderr[-3000:]
     assert "kernels-community" not in result.stdout + result.stderr
+    assert "not accepted" not in result.stderr  # the demo reports the TinyTOFU model's bar in results.json instead
 
     results = json.loads((out / "results.json").read_text())
     stages = results["stages"]
@@ -60,6 +61,8 @@ def test_demo_all_stages_quick(tmp_path):
     assert {"s-grpo", "maxrl", "merge wsm", "merge fisher-rao"} <= set(merge) and stages["merge"]["wsm_inputs"] >= 2
     unlearning = stages["unlearn"]
     assert unlearning["before"]["forget_acc"] >= 0.95  # the TinyTOFU model memorised the authors to forget
+    accuracy = unlearning["tinytofu_model_accuracy"]  # the bar is on the trained authors: forget and retain
+    assert unlearning["tinytofu_model_accepted"] == (min(accuracy["forget"], accuracy["retain"]) >= 0.98)
     assert unlearning["after"]["forget_acc"] < unlearning["before"]["forget_acc"]
     guard = stages["stability"]["runs"]
     assert guard["unguarded"]["guard_decisions"] == [] and any(
