@@ -39,6 +39,7 @@ def main(script_args, training_args, model_args, dataset_args):
     from hf_stable.rewards.resolve import resolve_reward_function
     from hf_stable.scripts.data import load_script_dataset
     from hf_stable.scripts.model import get_stable_peft_config
+    from hf_stable.scripts.teardown import finish
 
     reward_funcs = [script_args.reward_model_name_or_path] if script_args.reward_model_name_or_path else []
     reward_funcs += [resolve_reward_function(name) for name in script_args.reward_funcs or []]
@@ -68,9 +69,7 @@ def main(script_args, training_args, model_args, dataset_args):
     trainer.create_model_card(dataset_name=script_args.dataset_name or script_args.synthetic_dataset)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
     push_or_plan(trainer, dry_run_repo, dataset_name=script_args.dataset_name)
-    # main-process-only work above (card, push) must finish before any rank tears the process group down
-    trainer.accelerator.wait_for_everyone()
-    trainer.end()
+    finish(trainer)  # barrier, Trainer.end(), and no interpreter finalization under a launcher (scripts/teardown.py)
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):

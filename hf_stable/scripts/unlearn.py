@@ -118,6 +118,7 @@ def main(script_args, training_args, model_args):
     from hf_stable import UnlearningTrainer
     from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.scripts.model import get_stable_peft_config
+    from hf_stable.scripts.teardown import finish
 
     dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
     model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
@@ -161,6 +162,7 @@ def main(script_args, training_args, model_args):
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
     # re-saves the model and rewrites the card: the same card, with the metrics
     push_or_plan(trainer, dry_run_repo, **card)
+    finish(trainer)  # barrier, Trainer.end(), and no interpreter finalization under a launcher (scripts/teardown.py)
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str | None = None):
