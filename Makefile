@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/hf-stable demo --output_dir demo_output
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
