@@ -99,7 +99,7 @@ def _abort_tree(proc: subprocess.Popen) -> tuple[str, str]:
         return proc.communicate()
 
 
-def trial(variant: str, out: Path, timeout: float) -> dict:
+def trial(variant: str, out: Path, timeout: float, one_core: bool = False) -> dict:
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -107,7 +107,8 @@ def trial(variant: str, out: Path, timeout: float) -> dict:
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    pin = (lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})) if one_core else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=pin)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
         hung = False
@@ -115,6 +116,8 @@ def trial(variant: str, out: Path, timeout: float) -> dict:
         stdout, stderr = _abort_tree(proc)
         hung = True
     record = {"variant": variant, "hung": hung, "returncode": proc.returncode, "wall_s": time.time() - start}
+    if proc.returncode != 0 and "terminate called without an active exception" in stderr:
+        record["abort"] = "terminate called without an active exception"
     if hung or proc.returncode != 0:
         log = out / f"{variant}_{int(start)}_{'hang' if hung else 'fail'}.log"
         log.write_text(f"$ {' '.join(cmd)}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
@@ -128,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a trial counts as hung")
     parser.add_argument("--out", default="ddp_teardown_stress")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--one_core",
+        action="store_true",
+        help="pin the launcher and both ranks to one CPU: the gloo threads wait longer for it (a wider window)",
+    )
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -135,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, str(out))
         return 0
-    order = [v for v in VARIANTS for _ in range(args.trials)]
+    order = [v for v in args.variants for _ in range(args.trials)]
     random.Random(args.seed).shuffle(order)
     records = []
     for i, variant in enumerate(order, 1):
-        records.append(trial(variant, out, args.timeout))
+        records.append(trial(variant, out, args.timeout, args.one_core))
         r = records[-1]
         state = "HANG" if r["hung"] else r["returncode"]
         print(f"[{i}/{len(order)}] {variant}: {state} {r['wall_s']:.1f}s", flush=True)
@@ -148,11 +157,19 @@ def main(argv: list[str] | None = None) -> int:
             "trials": sum(r["variant"] == v for r in records),
             "hangs": sum(r["variant"] == v and r["hung"] for r in records),
             "failures": sum(r["variant"] == v and not r["hung"] and r["returncode"] != 0 for r in records),
+            "aborts": sum(r["variant"] == v and "abort" in r for r in records),
             "max_wall_s": max((r["wall_s"] for r in records if r["variant"] == v), default=0.0),
         }
-        for v in VARIANTS
+        for v in args.variants
     }
-    report = {"summary": summary, "timeout_s": args.timeout, "trials": records, "command": " ".join(sys.argv)}
+    report = {
+        "summary": summary,
+        "timeout_s": args.timeout,
+        "one_core": args.one_core,
+        "cpus": len(os.sched_getaffinity(0)),
+        "trials": records,
+        "command": "python scripts/ddp_teardown_stress.py " + " ".join(sys.argv[1:]),
+    }
     (out / "ddp_teardown_stress.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
