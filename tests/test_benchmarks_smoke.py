@@ -171,3 +171,14 @@ def test_select_arms_keeps_the_baseline_and_refuses_unknown_arms():
     assert _paired.select_arms(p.parse_args(["--arms", "b"]), ["trl", "a", "b"], "trl") == ["trl", "b"]
     with pytest.raises(ValueError, match="--arms: unknown \\['c'\\]"):
         _paired.select_arms(p.parse_args(["--arms", "c"]), ["trl", "a", "b"], "trl")
+
+
+def test_readme_quotes_the_committed_example_runtimes():
+    """The README's example runtimes are the committed run's: every example ran, within its limit, and the quoted CPU
+    range is that run's minimum and maximum."""
+    result = json.loads((BENCH / "results" / "examples_runtime.json").read_text())
+    examples = {p.stem for p in (ROOT / "examples").glob("*_smollm2*.py")}
+    assert {r["example"] for r in result["runs"]} == examples
+    assert all(r["returncode"] == 0 and r["within_limit"] and r["cpu_s"] <= result["limit_s"] for r in result["runs"])
+    cpu = [r["cpu_s"] for r in result["runs"]]
+    assert f"({min(cpu):.0f}–{max(cpu):.0f} s;" in (ROOT / "README.md").read_text()
