@@ -68,6 +68,20 @@ def _abort_tree(proc):
         return proc.communicate()
 
 
+def end_rank():
+    """Last call of a launched rank script, as the CLI scripts end (`hf_stable/scripts/teardown.py`): every rank
+    waits, the process group goes, and the rank leaves without interpreter finalization, so no gloo worker thread frees
+    a collective's work object while the interpreter finalizes (the abort docs/distributed.md shows)."""
+    import torch.distributed as dist
+
+    from hf_stable.scripts.teardown import leave_without_finalization
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    leave_without_finalization()
+
+
 def launch_two_processes(script, *args, port, timeout=DEFAULT_TIMEOUT):
     """`accelerate launch --multi_gpu --num_processes 2` (on a CPU box `--cpu` would run ONE process)."""
     cmd = [

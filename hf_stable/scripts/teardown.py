@@ -29,6 +29,11 @@ def finish(trainer) -> None:
     # main-process-only work before this (card, push) must finish before any rank tears the process group down
     trainer.accelerator.wait_for_everyone()
     trainer.end()
+    leave_without_finalization()
+
+
+def leave_without_finalization() -> None:
+    """In a multi-process run (after the process group is gone): flush logs and streams, then `os._exit(0)`."""
     if launched_processes() > 1:
         logging.shutdown()
         sys.stdout.flush()

@@ -45,7 +45,8 @@ def main(out_dir, names):
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from launch_helpers import arm_hang_dump
+    from launch_helpers import arm_hang_dump, end_rank
 
     arm_hang_dump()  # a hang dumps every stack and exits before the test's timeout
     main(sys.argv[1], sys.argv[2].split(","))
+    end_rank()

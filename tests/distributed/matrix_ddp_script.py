@@ -11,7 +11,7 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launch_helpers import arm_hang_dump
+from launch_helpers import arm_hang_dump, end_rank
 
 
 arm_hang_dump()
@@ -68,3 +68,4 @@ def main(out_dir, names):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2].split(","))
+    end_rank()
