@@ -301,6 +301,7 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         "wall_s": time.time() - start + cached_compute,
         "invocation_s": time.time() - start,
         "git_commit": git_commit(),
+        "code_digest": digest,  # sha1 of the script and every hf_stable source: `stale_results()` compares it
         "title": exp.title,
         "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},
         "command": command_line(exp, cli),
