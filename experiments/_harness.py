@@ -281,6 +281,7 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
     if cli.quick:
         seeds = seeds[:1]
     start = time.time()
+    commit = git_commit()  # the code that runs is the code at the start, whatever is committed meanwhile
     digest = _sources_digest(exp.script or sys.argv[0])
     per_seed, cached = {}, []
     for seed in seeds:
@@ -300,7 +301,7 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         "aggregate": agg,
         "wall_s": time.time() - start + cached_compute,
         "invocation_s": time.time() - start,
-        "git_commit": git_commit(),
+        "git_commit": commit,
         "code_digest": digest,  # sha1 of the script and every hf_stable source: `stale_results()` compares it
         "title": exp.title,
         "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},
