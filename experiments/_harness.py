@@ -136,14 +136,25 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+# The command-line layer: no library module and no experiment imports it (tests/experiments/test_harness_digest.py),
+# so a change to the CLI or the demo must not mark hours of experiment results stale.
+NOT_IN_DIGEST = ("hf_stable/cli/", "hf_stable/scripts/")
+
+
+def library_sources() -> list[Path]:
+    """The `hf_stable` source files an experiment can depend on: all but `NOT_IN_DIGEST`."""
+    files = sorted((REPO / "hf_stable").rglob("*.py"))
+    return [f for f in files if not f.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST)]
+
+
 def _sources_digest(script: str) -> str:
-    """Digest of the code a per-seed record depends on: the script and every `hf_stable` source file.
+    """Digest of the code a per-seed record depends on: the script and the `hf_stable` library sources.
 
     This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
     throw away hours of cached seeds.
     """
     h = hashlib.sha1()
-    files = [Path(script), *sorted((REPO / "hf_stable").rglob("*.py"))]
+    files = [Path(script), *library_sources()]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())

@@ -1,0 +1,62 @@
+"""The experiments' code digest leaves out the CLI layer; that is only sound while nothing an experiment runs imports
+it. These checks read the sources (an import inside a function counts too)."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))
+import _harness  # noqa: E402
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports, relative imports resolved against its package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+EXCLUDED = tuple(p.rstrip("/").replace("/", ".") for p in _harness.NOT_IN_DIGEST)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*_harness.library_sources(), *sorted((REPO / "experiments").glob("*.py"))],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_no_digested_code_imports_the_cli_layer(path):
+    bad = {m for m in _imported_modules(path) if m.startswith(EXCLUDED)}
+    assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}, which the experiments' code digest leaves out"
+
+
+def test_the_checker_sees_relative_imports():
+    """A control that must fail: the demo's own module imports the CLI layer (relatively)."""
+    assert any(m.startswith(EXCLUDED) for m in _imported_modules(REPO / "hf_stable" / "cli" / "demo.py"))
+
+
+def test_digest_follows_library_code_not_the_cli(tmp_path, monkeypatch):
+    script = tmp_path / "exp.py"
+    script.write_text("x = 1\n")
+    before = _harness._sources_digest(str(script))
+    assert _harness._sources_digest(str(script)) == before
+    script.write_text("x = 2\n")
+    assert _harness._sources_digest(str(script)) != before
+    sources = _harness.library_sources()
+    assert sources and not any("hf_stable/cli/" in p.as_posix() or "hf_stable/scripts/" in p.as_posix() for p in sources)
+    assert any(p.as_posix().endswith("hf_stable/losses/__init__.py") for p in sources)
