@@ -74,6 +74,9 @@ class Experiment:
     default_seeds: tuple[int, ...] = DEFAULT_SEEDS
     script: str = ""  # the script's __file__; its source is part of the cache key
     compact_json: bool = False  # 5 significant digits, no indentation (for results holding long trajectories)
+    # the script and arguments that run this experiment, for the rerun command, when that is not
+    # `experiments/<name>.py` (one script with several designs, e.g. "experiments/x.py --design v2")
+    entry_point: str = ""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -213,8 +216,10 @@ def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool)
 # entry point and writers
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def parser(description: str, parents: tuple[argparse.ArgumentParser, ...] = ()) -> argparse.ArgumentParser:
+    """The shared command line; `parents` (built with `add_help=False`) add a script's own options, e.g. the one that
+    selects which of its `Experiment`s runs, so `--help` lists them too."""
+    p = argparse.ArgumentParser(description=description, parents=list(parents))
     p.add_argument("--out", "--output_dir", dest="out", default=str(RESULTS), help="folder for the JSON, PNG and MD")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: the script's)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and the first seed only (smoke test)")
@@ -223,7 +228,7 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def command_line(exp: Experiment, cli) -> str:
-    cmd = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{exp.name}.py"
+    cmd = f"OMP_NUM_THREADS=1 .venv/bin/python {exp.entry_point or f'experiments/{exp.name}.py'}"
     if cli.quick:
         cmd += " --quick"
     if cli.seeds is not None and tuple(cli.seeds) != tuple(exp.default_seeds):
@@ -280,9 +285,11 @@ def write(result: dict, exp: Experiment, out: Path) -> None:
     (out / f"{exp.name}.md").write_text("\n\n".join([header(result), exp.markdown(result).strip(), footer(result)]))
 
 
-def run(exp: Experiment, argv: list[str] | None = None) -> dict:
-    """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD."""
-    cli = parser(exp.title).parse_args(argv)
+def run(exp: Experiment, argv: list[str] | None = None, parents: tuple[argparse.ArgumentParser, ...] = ()) -> dict:
+    """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD.
+
+    `parents`: the script's own options (see `parser`); the script reads them itself to choose `exp`."""
+    cli = parser(exp.title, parents).parse_args(argv)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -48,3 +48,35 @@ def test_committed_results_state_their_criterion(name):
     assert len(data["config"]["seeds"]) >= 3 and list(data["per_seed"]) == [str(s) for s in data["config"]["seeds"]]
     assert data["criteria"], "no pass criterion recorded"
     assert all(c["criterion"] and isinstance(c["passed"], bool) for c in data["criteria"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("design", ["v1", "v2"])
+def test_stability_guard_spike_quick_designs(tmp_path, design):
+    """One script, two designs through the harness: v1 (seed < 5 carries part A, every seed part B, A4 kept) writes
+    `stability_guard_spike.*`; v2 (part A only, x1000 blow-up, no A4) writes `stability_guard_spike_v2.*`, and its
+    rerun command selects v2 again. The guard really acts: the injected NaN step ruins the unguarded run only."""
+    name = "stability_guard_spike" + ("" if design == "v1" else "_v2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = os.path.join(ROOT, "experiments", "stability_guard_spike.py")
+    cmd = [sys.executable, script, "--quick", "--out", str(tmp_path), "--design", design]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.{ext}" for ext in ("json", "md", "png")]
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    assert {"claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit"} <= set(data)
+    assert data["config"]["quick"] is True and list(data["per_seed"]) == ["0"]
+    record = data["per_seed"]["0"]
+    if design == "v1":
+        assert {"guard", "clip"} <= set(record)
+        assert list(data["criteria"]) == ["A1", "A2", "A3", "A4", "B1", "B2", "B3"]
+        assert data["config"]["lr_blowup_factor"] == 100.0 and "--design" not in data["command"]
+    else:
+        assert "clip" not in record and list(data["criteria"]) == ["A1", "A2", "A3"]
+        assert data["config"]["lr_blowup_factor"] == 1000.0
+        assert data["command"].endswith("experiments/stability_guard_spike.py --design v2 --quick")
+    nan_step = record["guard"]["nan_step"]
+    assert nan_step["unguarded"]["nan_weights"] is True and nan_step["guarded"]["nan_weights"] is False
+    assert [d[2] for d in nan_step["guarded"]["decisions"]][:1] == ["skip"]
+    assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+    assert "(A1)" in (tmp_path / f"{name}.md").read_text()
