@@ -4,7 +4,7 @@ A script declares an `Experiment` (its claim, its sizes, how to run one seed, ho
 criteria, its plot and its Markdown body) and calls `run(experiment)`. The harness then
 
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
-  `--output_dir`) and `--no_cache`;
+  `--output_dir`), `--no_cache` and the script's own `size_flags` (each overrides one field of the sizes);
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
   by the script's source, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
@@ -58,6 +58,10 @@ class Experiment:
     `aggregate(per_seed, sizes) -> dict`, `criteria(per_seed, aggregate, sizes) -> {name: criterion dict}` (see
     `criterion`),
     `plot(result, path)` writes the PNG, `markdown(result) -> str` the body placed under the harness's header.
+    `size_flags`: `{"--field": argparse keyword arguments}`, a flag that, when given, replaces that field of the sizes
+    (so it enters the cache key and the reproducing command).
+    `work_cache`: `run_seed(seed, sizes, folder)` gets a folder keyed like the seed's record (sizes, config, code), or
+    None under `--no_cache`, for a seed long enough that an interrupted one must resume from its finished parts.
     """
 
     name: str
@@ -77,6 +81,8 @@ class Experiment:
     # the script and arguments that run this experiment, for the rerun command, when that is not
     # `experiments/<name>.py` (one script with several designs, e.g. "experiments/x.py --design v2")
     entry_point: str = ""
+    size_flags: dict = field(default_factory=dict)
+    work_cache: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -204,7 +210,10 @@ def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool)
     if use_cache and path.exists():
         return json.loads(path.read_text()), True
     start = time.time()
-    record = exp.run_seed(seed, sizes)
+    if exp.work_cache:
+        record = exp.run_seed(seed, sizes, path.with_suffix("") if use_cache else None)
+    else:
+        record = exp.run_seed(seed, sizes)
     record = json.loads(dumps(record))  # what is stored is what is returned, cached or not
     record.setdefault("seed_wall_s", time.time() - start)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,7 +242,28 @@ def command_line(exp: Experiment, cli) -> str:
         cmd += " --quick"
     if cli.seeds is not None and tuple(cli.seeds) != tuple(exp.default_seeds):
         cmd += " --seeds " + " ".join(map(str, cli.seeds))
+    for flag in exp.size_flags:
+        value = getattr(cli, _dest(flag))
+        if value is not None:
+            cmd += f" {flag} " + (" ".join(map(str, value)) if isinstance(value, list) else str(value))
     return cmd
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _size_overrides(exp: Experiment, cli) -> dict:
+    values = {_dest(flag): getattr(cli, _dest(flag)) for flag in exp.size_flags}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _with_overrides(sizes, overrides: dict):
+    if not overrides:
+        return sizes
+    if dataclasses.is_dataclass(sizes):
+        return dataclasses.replace(sizes, **overrides)
+    return {**sizes, **overrides}
 
 
 def header(result: dict) -> str:
@@ -289,12 +319,15 @@ def run(exp: Experiment, argv: list[str] | None = None, parents: tuple[argparse.
     """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD.
 
     `parents`: the script's own options (see `parser`); the script reads them itself to choose `exp`."""
-    cli = parser(exp.title, parents).parse_args(argv)
+    p = parser(exp.title, parents)
+    for flag, kwargs in exp.size_flags.items():
+        p.add_argument(flag, default=None, **kwargs)
+    cli = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     quiet()
-    sizes = exp.quick_sizes if cli.quick else exp.sizes
+    sizes = _with_overrides(exp.quick_sizes if cli.quick else exp.sizes, _size_overrides(exp, cli))
     seeds = list(cli.seeds if cli.seeds is not None else exp.default_seeds)
     if cli.quick:
         seeds = seeds[:1]
