@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -365,3 +366,25 @@ def run(exp: Experiment, argv: list[str] | None = None, parents: tuple[argparse.
         print(f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  {check.get('per_seed', '')}")
     print(f"wall time {result['wall_s']:.0f}s -> {Path(cli.out) / exp.name}.{{json,png,md}}", flush=True)
     return result
+
+
+def stale_results(results: Path = RESULTS) -> dict[str, str]:
+    """Each committed result -> "fresh" (its `code_digest` equals the digest of today's script and library sources),
+    "stale" (the code changed since it ran) or "no digest" (written before results recorded one)."""
+    status = {}
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        script = re.search(r"experiments/\w+\.py", result.get("command", ""))
+        if "code_digest" not in result or script is None:
+            status[path.stem] = "no digest"
+            continue
+        fresh = result["code_digest"] == _sources_digest(str(REPO / script.group(0)))
+        status[path.stem] = "fresh" if fresh else "stale"
+    return status
+
+
+if __name__ == "__main__":  # `python experiments/_harness.py`: which committed results the current code would change
+    report = stale_results()
+    for name, state in report.items():
+        print(f"{state:>9}  {name}")
+    sys.exit(0 if all(state == "fresh" for state in report.values()) else 1)

@@ -2,6 +2,7 @@
 it. These checks read the sources (an import inside a function counts too)."""
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -61,3 +62,26 @@ def test_digest_follows_library_code_not_the_cli(tmp_path, monkeypatch):
     names = [p.relative_to(REPO).as_posix() for p in sources]
     assert names and not any(n.startswith(("hf_stable/cli/", "hf_stable/scripts/")) for n in names)
     assert any(p.as_posix().endswith("hf_stable/losses/__init__.py") for p in sources)
+
+
+def test_stale_results_follow_the_code(tmp_path, monkeypatch):
+    scripts = tmp_path / "experiments"
+    scripts.mkdir()
+    script = scripts / "toy.py"
+    script.write_text("x = 1\n")
+    monkeypatch.setattr(_harness, "REPO", tmp_path)
+    (tmp_path / "hf_stable").mkdir()
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 1\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/toy.py --quick"
+    digest = _harness._sources_digest(str(script))
+    (results / "toy.json").write_text(json.dumps({"command": command, "code_digest": digest}))
+    (results / "old.json").write_text(json.dumps({"command": command}))
+    assert _harness.stale_results(results) == {"old": "no digest", "toy": "fresh"}
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 2\n")  # a library change makes it stale
+    assert _harness.stale_results(results)["toy"] == "stale"
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 1\n")
+    (tmp_path / "hf_stable" / "cli").mkdir()
+    (tmp_path / "hf_stable" / "cli" / "main.py").write_text("z = 1\n")  # the CLI layer does not
+    assert _harness.stale_results(results)["toy"] == "fresh"
