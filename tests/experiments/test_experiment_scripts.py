@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -27,12 +28,43 @@ SCRIPTS = [
 ]
 
 
+SPIKE_DESIGNS = ("v1", "v2")
+
+
+def _quick_command(job: str, out) -> list[str]:
+    if job.startswith("stability_guard_spike:"):
+        script, extra = "stability_guard_spike", ["--design", job.split(":")[1]]
+    else:
+        script, extra = job, []
+    return [sys.executable, os.path.join(ROOT, "experiments", f"{script}.py"), "--quick", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory):
+    """The `--quick` runs the selected tests need, two at a time: each is one single-threaded process, and CI has two
+    cores, so this halves the module's wall time. job -> (output folder, CompletedProcess)."""
+    jobs = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.originalname == "test_quick_run_writes_results":
+            jobs.append(params["name"])
+        elif item.originalname == "test_stability_guard_spike_quick_designs":
+            jobs.append(f"stability_guard_spike:{params['design']}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(job):
+        out = tmp_path_factory.mktemp(job.replace(":", "_"))
+        cmd = _quick_command(job, out)
+        return job, (out, subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out, timeout=900))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, jobs))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_quick_run_writes_results(tmp_path, name):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", f"{name}.py"), "--quick", "--out", str(tmp_path)]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+def test_quick_run_writes_results(quick_runs, name):
+    tmp_path, result = quick_runs[name]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / f"{name}.json").read_text())
     assert data["per_seed"] and data["config"]["quick"] is True
@@ -41,7 +73,7 @@ def test_quick_run_writes_results(tmp_path, name):
     assert "PASS" in (tmp_path / f"{name}.md").read_text() or "FAIL" in (tmp_path / f"{name}.md").read_text()
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", [*SCRIPTS, "stability_guard_spike", "stability_guard_spike_v2", "tinytofu"])
 def test_committed_results_state_their_criterion(name):
     """The results the docs quote are committed, with a pass/fail verdict for each criterion."""
     data = json.loads(open(os.path.join(ROOT, "experiments", "results", f"{name}.json")).read())
@@ -51,16 +83,13 @@ def test_committed_results_state_their_criterion(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("design", ["v1", "v2"])
-def test_stability_guard_spike_quick_designs(tmp_path, design):
+@pytest.mark.parametrize("design", SPIKE_DESIGNS)
+def test_stability_guard_spike_quick_designs(quick_runs, design):
     """One script, two designs through the harness: v1 (seed < 5 carries part A, every seed part B, A4 kept) writes
     `stability_guard_spike.*`; v2 (part A only, x1000 blow-up, no A4) writes `stability_guard_spike_v2.*`, and its
     rerun command selects v2 again. The guard really acts: the injected NaN step ruins the unguarded run only."""
     name = "stability_guard_spike" + ("" if design == "v1" else "_v2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = os.path.join(ROOT, "experiments", "stability_guard_spike.py")
-    cmd = [sys.executable, script, "--quick", "--out", str(tmp_path), "--design", design]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    tmp_path, result = quick_runs[f"stability_guard_spike:{design}"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.{ext}" for ext in ("json", "md", "png")]
     data = json.loads((tmp_path / f"{name}.json").read_text())
