@@ -6,7 +6,8 @@ criteria, its plot and its Markdown body) and calls `run(experiment)`. The harne
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
   `--output_dir`), `--no_cache` and the script's own `size_flags` (each overrides one field of the sizes);
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
-  by the script's source, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
+  by the script's source, the `hf_stable` library sources (`NOT_IN_DIGEST` leaves out the CLI layer), the sizes and
+  the seed, so a code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
 
 Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
@@ -16,7 +17,9 @@ Result schema (every committed `experiments/results/*.json`, tested by `tests/ex
     per_seed   dict  str(seed) -> the script's per-seed record
     aggregate  dict  the script's aggregate over seeds
     wall_s     float wall time behind the result: this invocation plus the measured run time of every cached seed
-    git_commit str   `git rev-parse HEAD` of the code that ran, with `+dirty` when the tree had changes
+    git_commit str   `git rev-parse HEAD` of the code that ran (read at the start), with `+dirty` when the tree had
+                     changes
+    code_digest str  the digest the seed cache is keyed by; `stale_results()` compares it with today's code
     config     dict  seeds, quick, sizes and the script's own settings
     command    str   the command that reproduces the file
 """
