@@ -49,7 +49,7 @@ REPO = ROOT.parent
 RESULTS = ROOT / "results"
 CACHE = ROOT / "cache"
 DEFAULT_SEEDS = (0, 1, 2)
-SCHEMA_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit")
+SCHEMA_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit", "code_digest")
 CRITERION_KEYS = ("criterion", "passed")
 QUICK_NOTE = " (quick run: sizes too small for the verdict to mean anything)"
 

@@ -126,6 +126,7 @@ def test_committed_result_has_the_shared_schema(path):
     assert isinstance(data["aggregate"], dict) and data["aggregate"]
     assert isinstance(data["wall_s"], (int, float)) and data["wall_s"] >= 0
     assert re.fullmatch(r"[0-9a-f]{7,40}", data["git_commit"]), f"not from committed code: {data['git_commit']}"
+    assert re.fullmatch(r"[0-9a-f]{40}", data["code_digest"])
     assert not data.get("config", {}).get("quick"), "a --quick smoke result is committed"
 
 
