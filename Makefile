@@ -61,6 +61,9 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/merge_fw.py
 	$(BIN)/python experiments/merge_fisher_rao.py
 	$(BIN)/python experiments/merge_wsm.py
+	$(BIN)/python experiments/stability_guard_spike.py
+	$(BIN)/python experiments/stability_guard_spike.py --design v2
+	$(BIN)/python experiments/_harness.py  # every result fresh?
 
 clean:
 	rm -rf demo_output site .pytest_cache

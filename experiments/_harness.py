@@ -4,9 +4,10 @@ A script declares an `Experiment` (its claim, its sizes, how to run one seed, ho
 criteria, its plot and its Markdown body) and calls `run(experiment)`. The harness then
 
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
-  `--output_dir`) and `--no_cache`;
+  `--output_dir`), `--no_cache` and the script's own `size_flags` (each overrides one field of the sizes);
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
-  by the script's source, the `hf_stable` sources, the sizes and the seed, so a code change reruns it;
+  by the script's source, the `hf_stable` library sources (`NOT_IN_DIGEST` leaves out the CLI layer), the sizes and
+  the seed, so a code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
 
 Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
@@ -16,7 +17,9 @@ Result schema (every committed `experiments/results/*.json`, tested by `tests/ex
     per_seed   dict  str(seed) -> the script's per-seed record
     aggregate  dict  the script's aggregate over seeds
     wall_s     float wall time behind the result: this invocation plus the measured run time of every cached seed
-    git_commit str   `git rev-parse HEAD` of the code that ran, with `+dirty` when the tree had changes
+    git_commit str   `git rev-parse HEAD` of the code that ran (read at the start), with `+dirty` when the tree had
+                     changes
+    code_digest str  the digest the seed cache is keyed by; `stale_results()` compares it with today's code
     config     dict  seeds, quick, sizes and the script's own settings
     command    str   the command that reproduces the file
 """
@@ -29,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -45,7 +49,7 @@ REPO = ROOT.parent
 RESULTS = ROOT / "results"
 CACHE = ROOT / "cache"
 DEFAULT_SEEDS = (0, 1, 2)
-SCHEMA_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit")
+SCHEMA_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit", "code_digest")
 CRITERION_KEYS = ("criterion", "passed")
 QUICK_NOTE = " (quick run: sizes too small for the verdict to mean anything)"
 
@@ -58,6 +62,10 @@ class Experiment:
     `aggregate(per_seed, sizes) -> dict`, `criteria(per_seed, aggregate, sizes) -> {name: criterion dict}` (see
     `criterion`),
     `plot(result, path)` writes the PNG, `markdown(result) -> str` the body placed under the harness's header.
+    `size_flags`: `{"--field": argparse keyword arguments}`, a flag that, when given, replaces that field of the sizes
+    (so it enters the cache key and the reproducing command).
+    `work_cache`: `run_seed(seed, sizes, folder)` gets a folder keyed like the seed's record (sizes, config, code), or
+    None under `--no_cache`, for a seed long enough that an interrupted one must resume from its finished parts.
     """
 
     name: str
@@ -74,6 +82,11 @@ class Experiment:
     default_seeds: tuple[int, ...] = DEFAULT_SEEDS
     script: str = ""  # the script's __file__; its source is part of the cache key
     compact_json: bool = False  # 5 significant digits, no indentation (for results holding long trajectories)
+    # the script and arguments that run this experiment, for the rerun command, when that is not
+    # `experiments/<name>.py` (one script with several designs, e.g. "experiments/x.py --design v2")
+    entry_point: str = ""
+    size_flags: dict = field(default_factory=dict)
+    work_cache: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -136,14 +149,25 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+# The command-line layer: no library module and no experiment imports it (tests/experiments/test_harness_digest.py),
+# so a change to the CLI or the demo must not mark hours of experiment results stale.
+NOT_IN_DIGEST = ("hf_stable/cli/", "hf_stable/scripts/")
+
+
+def library_sources() -> list[Path]:
+    """The `hf_stable` source files an experiment can depend on: all but `NOT_IN_DIGEST`."""
+    files = sorted((REPO / "hf_stable").rglob("*.py"))
+    return [f for f in files if not f.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST)]
+
+
 def _sources_digest(script: str) -> str:
-    """Digest of the code a per-seed record depends on: the script and every `hf_stable` source file.
+    """Digest of the code a per-seed record depends on: the script and the `hf_stable` library sources.
 
     This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
     throw away hours of cached seeds.
     """
     h = hashlib.sha1()
-    files = [Path(script), *sorted((REPO / "hf_stable").rglob("*.py"))]
+    files = [Path(script), *library_sources()]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
@@ -190,7 +214,10 @@ def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool)
     if use_cache and path.exists():
         return json.loads(path.read_text()), True
     start = time.time()
-    record = exp.run_seed(seed, sizes)
+    if exp.work_cache:
+        record = exp.run_seed(seed, sizes, path.with_suffix("") if use_cache else None)
+    else:
+        record = exp.run_seed(seed, sizes)
     record = json.loads(dumps(record))  # what is stored is what is returned, cached or not
     record.setdefault("seed_wall_s", time.time() - start)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,8 +229,10 @@ def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool)
 # entry point and writers
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+def parser(description: str, parents: tuple[argparse.ArgumentParser, ...] = ()) -> argparse.ArgumentParser:
+    """The shared command line; `parents` (built with `add_help=False`) add a script's own options, e.g. the one that
+    selects which of its `Experiment`s runs, so `--help` lists them too."""
+    p = argparse.ArgumentParser(description=description, parents=list(parents))
     p.add_argument("--out", "--output_dir", dest="out", default=str(RESULTS), help="folder for the JSON, PNG and MD")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds to run (default: the script's)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and the first seed only (smoke test)")
@@ -212,12 +241,33 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def command_line(exp: Experiment, cli) -> str:
-    cmd = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{exp.name}.py"
+    cmd = f"OMP_NUM_THREADS=1 .venv/bin/python {exp.entry_point or f'experiments/{exp.name}.py'}"
     if cli.quick:
         cmd += " --quick"
     if cli.seeds is not None and tuple(cli.seeds) != tuple(exp.default_seeds):
         cmd += " --seeds " + " ".join(map(str, cli.seeds))
+    for flag in exp.size_flags:
+        value = getattr(cli, _dest(flag))
+        if value is not None:
+            cmd += f" {flag} " + (" ".join(map(str, value)) if isinstance(value, list) else str(value))
     return cmd
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _size_overrides(exp: Experiment, cli) -> dict:
+    values = {_dest(flag): getattr(cli, _dest(flag)) for flag in exp.size_flags}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _with_overrides(sizes, overrides: dict):
+    if not overrides:
+        return sizes
+    if dataclasses.is_dataclass(sizes):
+        return dataclasses.replace(sizes, **overrides)
+    return {**sizes, **overrides}
 
 
 def header(result: dict) -> str:
@@ -269,18 +319,24 @@ def write(result: dict, exp: Experiment, out: Path) -> None:
     (out / f"{exp.name}.md").write_text("\n\n".join([header(result), exp.markdown(result).strip(), footer(result)]))
 
 
-def run(exp: Experiment, argv: list[str] | None = None) -> dict:
-    """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD."""
-    cli = parser(exp.title).parse_args(argv)
+def run(exp: Experiment, argv: list[str] | None = None, parents: tuple[argparse.ArgumentParser, ...] = ()) -> dict:
+    """Parse the command line, run (or load) every seed, aggregate, judge, and write JSON, PNG and MD.
+
+    `parents`: the script's own options (see `parser`); the script reads them itself to choose `exp`."""
+    p = parser(exp.title, parents)
+    for flag, kwargs in exp.size_flags.items():
+        p.add_argument(flag, default=None, **kwargs)
+    cli = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     quiet()
-    sizes = exp.quick_sizes if cli.quick else exp.sizes
+    sizes = _with_overrides(exp.quick_sizes if cli.quick else exp.sizes, _size_overrides(exp, cli))
     seeds = list(cli.seeds if cli.seeds is not None else exp.default_seeds)
     if cli.quick:
         seeds = seeds[:1]
     start = time.time()
+    commit = git_commit()  # the code that runs is the code at the start, whatever is committed meanwhile
     digest = _sources_digest(exp.script or sys.argv[0])
     per_seed, cached = {}, []
     for seed in seeds:
@@ -300,7 +356,8 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         "aggregate": agg,
         "wall_s": time.time() - start + cached_compute,
         "invocation_s": time.time() - start,
-        "git_commit": git_commit(),
+        "git_commit": commit,
+        "code_digest": digest,  # sha1 of the script and every hf_stable source: `stale_results()` compares it
         "title": exp.title,
         "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},
         "command": command_line(exp, cli),
@@ -312,3 +369,25 @@ def run(exp: Experiment, argv: list[str] | None = None) -> dict:
         print(f"({name}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  {check.get('per_seed', '')}")
     print(f"wall time {result['wall_s']:.0f}s -> {Path(cli.out) / exp.name}.{{json,png,md}}", flush=True)
     return result
+
+
+def stale_results(results: Path = RESULTS) -> dict[str, str]:
+    """Each committed result -> "fresh" (its `code_digest` equals the digest of today's script and library sources),
+    "stale" (the code changed since it ran) or "no digest" (written before results recorded one)."""
+    status = {}
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        script = re.search(r"experiments/\w+\.py", result.get("command", ""))
+        if "code_digest" not in result or script is None:
+            status[path.stem] = "no digest"
+            continue
+        fresh = result["code_digest"] == _sources_digest(str(REPO / script.group(0)))
+        status[path.stem] = "fresh" if fresh else "stale"
+    return status
+
+
+if __name__ == "__main__":  # `python experiments/_harness.py`: which committed results the current code would change
+    report = stale_results()
+    for name, state in report.items():
+        print(f"{state:>9}  {name}")
+    sys.exit(0 if all(state == "fresh" for state in report.values()) else 1)

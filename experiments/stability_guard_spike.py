@@ -56,31 +56,35 @@ run under the decay (+1.85 nats); it also showed a guard alarm at step 21 on an 
 alarms as failures, unchanged).
 
 Command (about 10 minutes on one core):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py              # v1, 10 seeds
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --design v2 --seeds 0 1 2 3 4
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py               # v1, seeds 0-9
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --design v2   # v2, seeds 0-4
+Both run through `experiments/_harness.py`: v1 writes `results/stability_guard_spike.*`, v2
+`results/stability_guard_spike_v2.*`; in v1 a seed's record holds part (A) when the seed is < 5 and part (B) always.
 Quick smoke run (1 seed, short runs; its verdict means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --quick --output_dir /tmp/sgs
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/stability_guard_spike.py --quick --out /tmp/sgs [--design v2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import functools
 import math
 import os
 import random
+import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from _harness import Experiment, criterion, run
+from _harness import _sources_digest as sources_digest
 
 
 NAME = "stability_guard_spike"
 ROOT = Path(__file__).resolve().parent
+CACHE = ROOT / "cache" / NAME
 FAULTS = {
     "corrupt_batch": dict(kind="corrupt_batch"),
     "lr_blowup": dict(kind="lr_scale", factor=100.0),
@@ -89,25 +93,69 @@ FAULTS = {
 EXPECTED = {"corrupt_batch": ("skip",), "lr_blowup": ("skip", "rollback"), "nan_step": ("skip",)}
 ARMS = ("global", "component", "adagc")
 GUARD_SEEDS = 5
-RESULT_KEYS = ("claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit", "config", "command")
+CLAIM = __doc__.split("Claim. ", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
 
 
-def _quiet():
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore")
-    for name in ("transformers", "trl", "datasets", "accelerate", "hf_stable"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+@dataclass(frozen=True)
+class Sizes:
+    base_steps: int = 300
+    guard_steps: int = 200
+    fault_step: int = 120
+    clip_steps: int = 150
+
+
+QUICK = Sizes(base_steps=60, guard_steps=60, fault_step=45, clip_steps=40)
+SETTINGS = {
+    "guard_seeds": GUARD_SEEDS,
+    "guard": dict(snapshot_every=10),
+    "clip_lr": 3e-3,
+    "clip_arms": {
+        "global": dict(clip=None, config={"max_grad_norm": 1.0}),
+        "component": dict(
+            clip=dict(max_norm=0.1, groups="param", then_global_max_norm=1.0), config={"max_grad_norm": 0.0}
+        ),
+        "adagc": dict(
+            clip=dict(
+                mode="adaptive",
+                groups="param",
+                adaptive_warmup_steps=15,
+                adaptive_lambda_abs=1.0,
+                adaptive_lambda_rel=1.05,
+                adaptive_beta=0.98,
+            ),
+            config={"max_grad_norm": 0.0},
+        ),
+    },
+}
+DESIGNS = {
+    "v1": {"design": "v1", "lr_blowup_factor": 100.0, "guard_schedule": "constant", "run_clip": True, **SETTINGS},
+    "v2": {"design": "v2", "lr_blowup_factor": 1000.0, "guard_schedule": "linear", "run_clip": False, **SETTINGS},
+}
 
 
 # -- runs --------------------------------------------------------------------------------------------------------
-BASE_ARGS = dict(per_device_train_batch_size=8, weight_decay=0.0, logging_steps=1, save_strategy="no",
-                 report_to="none", use_cpu=True, bf16=False, max_length=32, gradient_checkpointing=False,
-                 disable_tqdm=True, dataloader_num_workers=0)
+BASE_ARGS = dict(
+    per_device_train_batch_size=8,
+    weight_decay=0.0,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    max_length=32,
+    gradient_checkpointing=False,
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+)
 
 
-def pretrained_base(ctx) -> str:
-    folder = ROOT / "cache" / NAME / f"base-{ctx['base_steps']}"
+def base_dir(base_steps: int) -> Path:
+    # keyed by the same code digest as the per-seed records, so a base trained by older code is never reused
+    return CACHE / f"base-{base_steps}-{sources_digest(__file__)[:12]}"
+
+
+def pretrained_base(base_steps: int) -> str:
+    folder = base_dir(base_steps)
     if (folder / "done.json").is_file():
         return str(folder)
     from trl import SFTConfig, SFTTrainer
@@ -116,16 +164,30 @@ def pretrained_base(ctx) -> str:
 
     model, tokenizer = build_tiny_model(seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        args = SFTConfig(output_dir=tmp, max_steps=ctx["base_steps"], learning_rate=1e-3, lr_scheduler_type="constant",
-                         max_grad_norm=1.0, seed=7, **BASE_ARGS)
-        trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
-                             train_dataset=arithmetic_dataset(8 * ctx["base_steps"], seed=7, max_operand=99))
+        args = SFTConfig(
+            output_dir=tmp,
+            max_steps=base_steps,
+            learning_rate=1e-3,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            seed=7,
+            **BASE_ARGS,
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            processing_class=tokenizer,
+            train_dataset=arithmetic_dataset(8 * base_steps, seed=7, max_operand=99),
+        )
         trainer.train()
-    staging = folder.with_name(folder.name + ".tmp")
+    staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")  # seeds may run in parallel processes
     trainer.save_model(str(staging))
     tokenizer.save_pretrained(str(staging))
     (staging / "done.json").write_text("{}")
-    os.replace(staging, folder)
+    try:
+        os.replace(staging, folder)
+    except OSError:  # another process finished the same base first; it is identical
+        shutil.rmtree(staging)
     return str(folder)
 
 
@@ -139,10 +201,17 @@ def sft_run(base, train, eval_rows, steps, seed, lr, guard=None, fault=None, cli
     model = AutoModelForCausalLM.from_pretrained(base)
     tokenizer = AutoTokenizer.from_pretrained(base)
     with tempfile.TemporaryDirectory() as tmp:
-        args = SFTConfig(output_dir=tmp, max_steps=steps, learning_rate=lr, seed=seed, data_seed=seed,
-                         **{**BASE_ARGS, "lr_scheduler_type": "constant", "max_grad_norm": 1.0, **config})
-        trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=eval_rows,
-                             processing_class=tokenizer)
+        args = SFTConfig(
+            output_dir=tmp,
+            max_steps=steps,
+            learning_rate=lr,
+            seed=seed,
+            data_seed=seed,
+            **{**BASE_ARGS, "lr_scheduler_type": "constant", "max_grad_norm": 1.0, **config},
+        )
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=train, eval_dataset=eval_rows, processing_class=tokenizer
+        )
         guard_cb = None if guard is None else StabilityGuardCallback.attach(trainer, **guard)
         if fault is not None:
             FaultInjectionCallback.attach(trainer, **fault)
@@ -160,42 +229,25 @@ def sft_run(base, train, eval_rows, steps, seed, lr, guard=None, fault=None, cli
         "nan_weights": has_nan,
         "train_loss": [round(float(x), 4) for x in losses],
         "max_grad_norm": max((n for n in norms if math.isfinite(n)), default=float("nan")),
-        "decisions": [] if guard_cb is None else [[d.step, d.kind, d.action, d.restore_step]
-                                                  for d in guard_cb.decisions],
+        "decisions": []
+        if guard_cb is None
+        else [[d.step, d.kind, d.action, d.restore_step] for d in guard_cb.decisions],
         "wall_s": wall,
     }
 
 
-def setup(cli):
+@functools.cache
+def context(sizes: Sizes, design: str) -> dict:
+    """The design's settings, the sizes, the held-out rows and the pretrained base, built once per process."""
     from hf_stable.testing import arithmetic_dataset
 
-    quick = cli.quick
-    v2 = getattr(cli, "design", "v1") == "v2"
-    ctx = {
-        "quick": quick,
-        "design": "v2" if v2 else "v1",
-        "lr_blowup_factor": 1000.0 if v2 else 100.0,
-        "guard_schedule": "linear" if v2 else "constant",
-        "run_clip": not v2,
-        "base_steps": 60 if quick else 300,
-        "guard_steps": 60 if quick else 200,
-        "fault_step": 45 if quick else 120,
-        "clip_steps": 40 if quick else 150,
-        "guard_seeds": GUARD_SEEDS,
-        "guard": dict(snapshot_every=10),
-        "clip_lr": 3e-3,
-        "clip_arms": {
-            "global": dict(clip=None, config={"max_grad_norm": 1.0}),
-            "component": dict(clip=dict(max_norm=0.1, groups="param", then_global_max_norm=1.0),
-                              config={"max_grad_norm": 0.0}),
-            "adagc": dict(clip=dict(mode="adaptive", groups="param", adaptive_warmup_steps=15, adaptive_lambda_abs=1.0,
-                                    adaptive_lambda_rel=1.05, adaptive_beta=0.98), config={"max_grad_norm": 0.0}),
-        },
+    return {
+        **DESIGNS[design],
+        **asdict(sizes),
         "guard_eval": arithmetic_dataset(64, seed=2000, max_operand=99),
         "clip_eval": arithmetic_dataset(64, seed=4000, ops=("*",), max_operand=30),
+        "base": pretrained_base(sizes.base_steps),
     }
-    ctx["base"] = pretrained_base(ctx)
-    return ctx
 
 
 def run_seed(seed: int, ctx) -> dict:
@@ -205,23 +257,41 @@ def run_seed(seed: int, ctx) -> dict:
     if seed < ctx["guard_seeds"]:
         steps, at = ctx["guard_steps"], ctx["fault_step"]
         train = arithmetic_dataset(8 * steps, seed=1000 + seed, max_operand=99)
-        common = dict(base=ctx["base"], train=train, eval_rows=ctx["guard_eval"], steps=steps, seed=seed, lr=1e-3,
-                      lr_scheduler_type=ctx["guard_schedule"])
+        common = dict(
+            base=ctx["base"],
+            train=train,
+            eval_rows=ctx["guard_eval"],
+            steps=steps,
+            seed=seed,
+            lr=1e-3,
+            lr_scheduler_type=ctx["guard_schedule"],
+        )
         guard = {"clean": sft_run(**common)}
         guard["clean_guard"] = sft_run(**common, guard=ctx["guard"])
         for fault, spec in FAULTS.items():
             f = dict(spec, steps=[at])
             if fault == "lr_blowup":
                 f["factor"] = ctx["lr_blowup_factor"]
-            guard[fault] = {"unguarded": sft_run(**common, fault=f), "guarded": sft_run(**common, fault=f,
-                                                                                         guard=ctx["guard"])}
+            guard[fault] = {
+                "unguarded": sft_run(**common, fault=f),
+                "guarded": sft_run(**common, fault=f, guard=ctx["guard"]),
+            }
         out["guard"] = guard
     if not ctx["run_clip"]:
         return out
     train = arithmetic_dataset(8 * ctx["clip_steps"], seed=3000 + seed, ops=("*",), max_operand=30)
     out["clip"] = {
-        arm: sft_run(ctx["base"], train, ctx["clip_eval"], ctx["clip_steps"], seed, ctx["clip_lr"],
-                     clip=spec["clip"], warmup_steps=15, **spec["config"])
+        arm: sft_run(
+            ctx["base"],
+            train,
+            ctx["clip_eval"],
+            ctx["clip_steps"],
+            seed,
+            ctx["clip_lr"],
+            clip=spec["clip"],
+            warmup_steps=15,
+            **spec["config"],
+        )
         for arm, spec in ctx["clip_arms"].items()
     }
     return out
@@ -249,7 +319,7 @@ def bootstrap_std_ratio(num, den, n_boot=4000, seed=0):
     return point, ratios[int(0.025 * len(ratios))], ratios[min(len(ratios) - 1, int(0.975 * len(ratios)))]
 
 
-def aggregate(per_seed: dict, ctx) -> dict:
+def aggregate(per_seed: dict) -> dict:
     guard_seeds = [s for s, r in per_seed.items() if "guard" in r]
     agg: dict = {"guard": {}, "clip": {}}
     for fault in FAULTS:
@@ -258,7 +328,9 @@ def aggregate(per_seed: dict, ctx) -> dict:
         unguarded = [r[fault]["unguarded"]["eval_loss"] for r in rows]
         guarded = [r[fault]["guarded"]["eval_loss"] for r in rows]
         agg["guard"][fault] = {
-            "clean": clean, "unguarded": unguarded, "guarded": guarded,
+            "clean": clean,
+            "unguarded": unguarded,
+            "guarded": guarded,
             "guarded_minus_clean": [g - c for g, c in zip(guarded, clean, strict=True)],
             "unguarded_minus_clean": [u - c for u, c in zip(unguarded, clean, strict=True)],
             "unguarded_nan": sum(r[fault]["unguarded"]["nan_weights"] for r in rows),
@@ -279,7 +351,7 @@ def aggregate(per_seed: dict, ctx) -> dict:
     return agg
 
 
-def criteria(per_seed: dict, agg: dict, ctx) -> dict:
+def criteria(per_seed: dict, agg: dict, design: str) -> dict:
     out = {}
     guard_rows = [r["guard"] for r in per_seed.values() if "guard" in r]
     n = len(guard_rows)
@@ -288,38 +360,56 @@ def criteria(per_seed: dict, agg: dict, ctx) -> dict:
         for r in guard_rows:
             c, g = r["clean"]["eval_loss"], r[fault]["guarded"]["eval_loss"]
             within.append(math.isfinite(g) and abs(g - c) <= max(0.05, 0.05 * c))
-    out["A1"] = dict(description="guarded final eval loss within max(0.05, 5%) of clean, every seed x fault",
-                     passed=all(within), values=agg["guard"], seeds_holding=f"{sum(within)}/{len(within)}")
+    out["A1"] = criterion(
+        "guarded final eval loss within max(0.05, 5%) of clean, every seed x fault",
+        all(within),
+        agg["guard"],
+        f"{sum(within)}/{len(within)} seed x fault runs",
+    )
     damage = [d >= 0.3 for d in agg["guard"]["lr_blowup"]["unguarded_minus_clean"]]
     nans = agg["guard"]["nan_step"]["unguarded_nan"]
-    out["A2"] = dict(description="unguarded damage: LR blow-up >= clean + 0.3 nats in >= 4/5 seeds; NaN step leaves "
-                     "NaN weights in 5/5", passed=sum(damage) >= max(1, n - 1) and nans == n,
-                     values={"lr_blowup_damage": agg["guard"]["lr_blowup"]["unguarded_minus_clean"], "nan_runs": nans},
-                     seeds_holding=f"{sum(damage)}/{n} and {nans}/{n}")
+    out["A2"] = criterion(
+        "unguarded damage: LR blow-up >= clean + 0.3 nats in >= 4/5 seeds; NaN step leaves NaN weights in 5/5",
+        sum(damage) >= max(1, n - 1) and nans == n,
+        {"lr_blowup_damage": agg["guard"]["lr_blowup"]["unguarded_minus_clean"], "nan_runs": nans},
+        f"{sum(damage)}/{n} and {nans}/{n} seeds",
+    )
     actions_ok = []
     for r in guard_rows:
         ok = all(tuple(d[2] for d in r[f]["guarded"]["decisions"]) == EXPECTED[f] for f in FAULTS)
         actions_ok.append(ok and r["clean_guard"]["decisions"] == [])
-    out["A3"] = dict(description="guard actions: corrupt -> one skip, LR blow-up -> skip then one rollback, NaN -> "
-                     "one skip; no anomaly on clean+guard", passed=all(actions_ok),
-                     values={s: {f: r["guard"][f]["guarded"]["decisions"] for f in FAULTS}
-                             | {"clean_guard": r["guard"]["clean_guard"]["decisions"]}
-                             for s, r in per_seed.items() if "guard" in r},
-                     seeds_holding=f"{sum(actions_ok)}/{n}")
-    if ctx["design"] == "v1":
-        out["A4"] = dict(description="median paired wall-time ratio clean+guard / clean < 1.10 (snapshot_every=10)",
-                         passed=agg["guard"]["wall_ratio_median"] < 1.10, values=agg["guard"]["wall_ratio"])
+    out["A3"] = criterion(
+        "guard actions: corrupt -> one skip, LR blow-up -> skip then one rollback, NaN -> one skip; no anomaly on "
+        "clean+guard",
+        all(actions_ok),
+        {
+            s: {f: r["guard"][f]["guarded"]["decisions"] for f in FAULTS}
+            | {"clean_guard": r["guard"]["clean_guard"]["decisions"]}
+            for s, r in per_seed.items()
+            if "guard" in r
+        },
+        f"{sum(actions_ok)}/{n} seeds",
+    )
+    if design == "v1":
+        out["A4"] = criterion(
+            "median paired wall-time ratio clean+guard / clean < 1.10 (snapshot_every=10)",
+            agg["guard"]["wall_ratio_median"] < 1.10,
+            {"wall_ratio": agg["guard"]["wall_ratio"]},
+        )
     if not agg["clip"]:
         return out
     for key, arm in (("B1", "component"), ("B2", "adagc")):
         ratio = agg["clip"][arm]["std_ratio_vs_global"]
-        out[key] = dict(description=f"seed std of final eval loss: {arm} < global, bootstrap 95% upper bound of the "
-                        "std ratio < 1", passed=agg["clip"][arm]["std"] < agg["clip"]["global"]["std"]
-                        and ratio["high"] < 1, values={"std": agg["clip"][arm]["std"],
-                                                       "global_std": agg["clip"]["global"]["std"], "ratio": ratio})
-    out["B3"] = dict(description="component arm mean final eval loss <= global + 0.05",
-                     passed=agg["clip"]["component"]["mean"] <= agg["clip"]["global"]["mean"] + 0.05,
-                     values={arm: agg["clip"][arm]["mean"] for arm in ARMS})
+        out[key] = criterion(
+            f"seed std of final eval loss: {arm} < global, bootstrap 95% upper bound of the std ratio < 1",
+            agg["clip"][arm]["std"] < agg["clip"]["global"]["std"] and ratio["high"] < 1,
+            {"std": agg["clip"][arm]["std"], "global_std": agg["clip"]["global"]["std"], "ratio": ratio},
+        )
+    out["B3"] = criterion(
+        "component arm mean final eval loss <= global + 0.05",
+        agg["clip"]["component"]["mean"] <= agg["clip"]["global"]["mean"] + 0.05,
+        {arm: agg["clip"][arm]["mean"] for arm in ARMS},
+    )
     return out
 
 
@@ -331,33 +421,35 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     has_clip = bool(result["aggregate"]["clip"])
-    fig, axes = plt.subplots(1, 4 if has_clip else 3, figsize=(20 if has_clip else 15, 4.2))
-    seed0 = result["per_seed"][min(result["per_seed"], key=int)]
-    for ax, fault in zip(axes[:3], FAULTS, strict=True):
-        runs = seed0["guard"]
-        unguarded = [x if math.isfinite(x) and x > 0 else float("nan") for x in runs[fault]["unguarded"]["train_loss"]]
-        ax.plot(unguarded, label="fault, unguarded", color="tab:red", lw=1)
-        ax.plot(runs[fault]["guarded"]["train_loss"], label="fault + guard", color="tab:blue", lw=1)
-        ax.plot(runs["clean"]["train_loss"], label="clean", color="black", lw=0.8, ls="--")
-        ax.set_title(f"{fault} (seed {min(result['per_seed'], key=int)})")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("train loss")
-        ax.set_ylim(0.8, 5.0)
-        ax.legend(fontsize=8)
-    if not has_clip:
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return
-    ax = axes[3]
-    clip = result["aggregate"]["clip"]
-    for i, arm in enumerate(ARMS):
-        values = clip[arm]["values"]
-        ax.scatter([i] * len(values), values, alpha=0.7)
-        ax.errorbar(i + 0.15, clip[arm]["mean"], yerr=clip[arm]["std"], fmt="o", color="black")
-    ax.set_xticks(range(len(ARMS)), ARMS)
-    ax.set_ylabel("final eval loss (10 seeds)")
-    ax.set_title("component-wise vs global clipping")
+    guard_seeds = [s for s, r in result["per_seed"].items() if "guard" in r]  # none when only seeds >= 5 ran
+    panels = (3 if guard_seeds else 0) + has_clip
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2), squeeze=False)
+    axes = list(axes[0])
+    if guard_seeds:
+        seed0 = min(guard_seeds, key=int)
+        for ax, fault in zip(axes[:3], FAULTS, strict=True):
+            runs = result["per_seed"][seed0]["guard"]
+            unguarded = [
+                x if math.isfinite(x) and x > 0 else float("nan") for x in runs[fault]["unguarded"]["train_loss"]
+            ]
+            ax.plot(unguarded, label="fault, unguarded", color="tab:red", lw=1)
+            ax.plot(runs[fault]["guarded"]["train_loss"], label="fault + guard", color="tab:blue", lw=1)
+            ax.plot(runs["clean"]["train_loss"], label="clean", color="black", lw=0.8, ls="--")
+            ax.set_title(f"{fault} (seed {seed0})")
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("train loss")
+            ax.set_ylim(0.8, 5.0)
+            ax.legend(fontsize=8)
+    if has_clip:
+        ax = axes[-1]
+        clip = result["aggregate"]["clip"]
+        for i, arm in enumerate(ARMS):
+            values = clip[arm]["values"]
+            ax.scatter([i] * len(values), values, alpha=0.7)
+            ax.errorbar(i + 0.15, clip[arm]["mean"], yerr=clip[arm]["std"], fmt="o", color="black")
+        ax.set_xticks(range(len(ARMS)), ARMS)
+        ax.set_ylabel(f"final eval loss ({len(clip['global']['values'])} seeds)")
+        ax.set_title("component-wise vs global clipping")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -369,109 +461,92 @@ def _f(x, digits=3):
 
 def markdown(result: dict) -> str:
     agg = result["aggregate"]
-    design = result["config"].get("design", "v1")
-    title = NAME if design == "v1" else f"{NAME} (design v2)"
-    note = [] if design == "v1" else [
-        "Design v2 (see the script's docstring): part (A) only, LR blow-up x1000, linear decay; part (B) is the v1 "
-        "result (`stability_guard_spike.md`).", ""]
-    lines = [f"# {title}", "", result["claim"], "", *note,
-             f"## (A) guard vs injected faults (5 seeds, eval loss; LR blow-up "
-             f"x{result['config'].get('lr_blowup_factor', 100.0):g}, "
-             f"{result['config'].get('guard_schedule', 'constant')} LR schedule)", "",
-             "| fault | clean | unguarded | guarded | max abs(guarded - clean) | unguarded NaN runs |",
-             "|---|---|---|---|---|---|"]
-    for fault in FAULTS:
-        g = agg["guard"][fault]
-        finite_u = [u for u in g["unguarded"] if math.isfinite(u)]
-        lines.append(
-            f"| {fault} | {_f(statistics.fmean(g['clean']))} ± {_f(_std(g['clean']))} | "
-            f"{_f(statistics.fmean(finite_u)) if finite_u else 'nan'} ({len(finite_u)} finite) | "
-            f"{_f(statistics.fmean(g['guarded']))} ± {_f(_std(g['guarded']))} | "
-            f"{_f(max(abs(x) for x in g['guarded_minus_clean']))} | {g['unguarded_nan']} |")
-    ratios = ", ".join(_f(r) for r in agg["guard"]["wall_ratio"])
-    lines += ["", f"Wall time clean+guard / clean (snapshot_every=10), per seed: {ratios}; median "
-              f"{_f(agg['guard']['wall_ratio_median'])}.", ""]
+    config = result["config"]
+    lines = []
+    if config["design"] == "v2":
+        lines += [
+            "Design v2 (see the script's docstring): part (A) only, LR blow-up x1000, linear decay; part (B) is the "
+            "v1 result (`stability_guard_spike.md`).",
+            "",
+        ]
+    if agg["guard"]["wall_ratio"]:
+        lines += [
+            f"## (A) guard vs injected faults ({len(agg['guard']['wall_ratio'])} seeds, eval loss; LR blow-up "
+            f"x{config['lr_blowup_factor']:g}, "
+            f"{config['guard_schedule']} LR schedule)",
+            "",
+            "| fault | clean | unguarded | guarded | max abs(guarded - clean) | unguarded NaN runs |",
+            "|---|---|---|---|---|---|",
+        ]
+        for fault in FAULTS:
+            g = agg["guard"][fault]
+            finite_u = [u for u in g["unguarded"] if math.isfinite(u)]
+            lines.append(
+                f"| {fault} | {_f(statistics.fmean(g['clean']))} ± {_f(_std(g['clean']))} | "
+                f"{_f(statistics.fmean(finite_u)) if finite_u else 'nan'} ({len(finite_u)} finite) | "
+                f"{_f(statistics.fmean(g['guarded']))} ± {_f(_std(g['guarded']))} | "
+                f"{_f(max(abs(x) for x in g['guarded_minus_clean']))} | {g['unguarded_nan']} |"
+            )
+        ratios = ", ".join(_f(r) for r in agg["guard"]["wall_ratio"])
+        lines += [
+            "",
+            f"Wall time clean+guard / clean (snapshot_every=10), per seed: {ratios}; median "
+            f"{_f(agg['guard']['wall_ratio_median'])}.",
+            "",
+        ]
     if agg["clip"]:
-        lines += ["## (B) component-wise vs global clipping (10 seeds, final eval loss)", "",
-                  "| arm | mean | std | std ratio vs global [95% CI] |", "|---|---|---|---|"]
-    for arm in ARMS if agg["clip"] else ():
-        c = agg["clip"][arm]
-        r = c.get("std_ratio_vs_global")
-        ci = "—" if r is None else f"{_f(r['point'])} [{_f(r['low'])}, {_f(r['high'])}]"
-        lines.append(f"| {arm} | {_f(c['mean'])} | {_f(c['std'])} | {ci} |")
-    lines += ["", "## Criteria", "", "| key | criterion | holds | verdict |", "|---|---|---|---|"]
-    for key, c in result["criteria"].items():
-        lines.append(f"| {key} | {c['description']} | {c.get('seeds_holding', '')} | "
-                     f"{'PASS' if c['passed'] else 'FAIL'} |")
-    lines += ["", f"Overall: {'PASS' if result['passed'] else 'FAIL (recorded as a non-replication where it fails)'}. "
-              f"Wall time {result['wall_s']:.0f} s, commit `{result['git_commit']}`.", "",
-              f"Command: `{result['command']}`", ""]
+        lines += [
+            f"## (B) component-wise vs global clipping ({len(agg['clip']['global']['values'])} seeds, final eval "
+            "loss)",
+            "",
+            "| arm | mean | std | std ratio vs global [95% CI] |",
+            "|---|---|---|---|",
+        ]
+        for arm in ARMS:
+            c = agg["clip"][arm]
+            r = c.get("std_ratio_vs_global")
+            ci = "—" if r is None else f"{_f(r['point'])} [{_f(r['low'])}, {_f(r['high'])}]"
+            lines.append(f"| {arm} | {_f(c['mean'])} | {_f(c['std'])} | {ci} |")
+    if not result["passed"]:
+        lines += ["", "A failed criterion is recorded as a non-replication."]
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def experiment(design: str) -> Experiment:
+    """v1 (parts A and B, seeds 0-9) or v2 (part A only, seeds 0-4): same per-seed code, the design's settings."""
+    v1 = design == "v1"
+    return Experiment(
+        name=NAME if v1 else f"{NAME}_{design}",
+        title="Stability guard vs injected faults, and component-wise vs global clipping"
+        + ("" if v1 else " (design v2: part A only)"),
+        claim=CLAIM,
+        sizes=Sizes(),
+        quick_sizes=QUICK,
+        run_seed=lambda seed, sizes: run_seed(seed, context(sizes, design)),
+        aggregate=lambda per_seed, sizes: aggregate(per_seed),
+        criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg, design),
+        plot=plot,
+        markdown=markdown,
+        config=DESIGNS[design],
+        default_seeds=tuple(range(10 if v1 else GUARD_SEEDS)),
+        script=__file__,
+        entry_point=f"experiments/{NAME}.py" + ("" if v1 else f" --design {design}"),
+    )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+EXPERIMENTS = {design: experiment(design) for design in DESIGNS}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, short runs (a smoke test)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--replot", action="store_true", help="rewrite PNG and Markdown from the stored JSON")
-    parser.add_argument("--design", choices=("v1", "v2"), default="v1", help="see the docstring")
-    cli = parser.parse_args(argv)
-    stem = NAME if cli.design == "v1" else f"{NAME}_{cli.design}"
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cli.replot:
-        result = json.loads((out / f"{stem}.json").read_text())
-    else:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        import torch
-
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        _quiet()
-        commit = _git_commit()
-        if cli.quick:
-            cli.seeds = cli.seeds[:1]
-        start = time.time()
-        ctx = setup(cli)
-        _quiet()
-        per_seed = {}
-        for seed in cli.seeds:
-            t0 = time.time()
-            per_seed[str(seed)] = run_seed(seed, ctx)
-            print(f"[{NAME}] seed {seed} done in {time.time() - t0:.0f}s", flush=True)
-        agg = aggregate(per_seed, ctx)
-        crit = criteria(per_seed, agg, ctx)
-        claim = __doc__.split("Claim. ", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
-        config = {k: v for k, v in ctx.items() if k not in ("guard_eval", "clip_eval", "base")}
-        config["seeds"] = cli.seeds
-        result = {
-            "claim": claim, "criteria": crit, "passed": all(c["passed"] for c in crit.values()),
-            "per_seed": per_seed, "aggregate": agg, "wall_s": time.time() - start, "git_commit": commit,
-            "config": config, "command": "OMP_NUM_THREADS=1 python experiments/stability_guard_spike.py "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-        }
-        assert tuple(result) == RESULT_KEYS
-        _write_atomic(out / f"{stem}.json", json.dumps(result, indent=1, default=str))
-    plot(result, out / f"{stem}.png")
-    _write_atomic(out / f"{stem}.md", markdown(result))
-    for key, c in result["criteria"].items():
-        print(f"{key}: {'PASS' if c['passed'] else 'FAIL'} - {c['description']}")
-    print(f"[{NAME}] {'PASS' if result['passed'] else 'FAIL'}: {out / (stem + '.json')}")
-    return result
+def main(argv: list[str] | None = None) -> dict:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--design",
+        choices=tuple(EXPERIMENTS),
+        default="v1",
+        help="v1: parts (A) and (B), seeds 0-9 (the pre-registered result); v2: part (A) only, seeds 0-4",
+    )
+    chosen, _ = options.parse_known_args(argv)
+    return run(EXPERIMENTS[chosen.design], argv, parents=(options,))
 
 
 if __name__ == "__main__":

@@ -57,34 +57,34 @@ ties: lr 5e-3 first, then the larger RA/RA_full, then the smaller ω. Outcome (d
 only change.
 Threshold comparisons on accuracies allow `EPS` = 1e-6 (12/80 is stored as the fp32 0.15000000596).
 
-Command (seeds 0-2, all methods and the control; each (seed, row) result is cached in `--cache_dir`, so an
-interrupted run resumes; `--seeds 1` in three processes runs the seeds in parallel, and a last run without
-`--seeds` assembles the table from the cache):
+Command (seeds 0-2, all methods and the control; through `experiments/_harness.py`, which caches each seed's record,
+and each (seed, row) result is cached inside the seed's folder under `experiments/cache/tinytofu/`, keyed by the code
+digest like the seed, so an interrupted run resumes and a code change reruns; `--seeds 1` in three processes runs the
+seeds in parallel, and a last run without `--seeds` assembles the table from the cache; `--methods` runs a subset; the
+SFT checkpoints stay in the library's own cache, `~/.cache/hf_stable/tinytofu`, keyed by their training config, and
+each seed's record says whether they came from it, `sft.full.cached`):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py
 Quick run (the CI smoke: `make_tinytofu(seed, reduced=True)` — 60 retain authors, 20 world facts —, SFT with at
 most one extension, seed 0 only, GA + GradDiff + SimNPO with the same presets, and the control):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py --quick --output_dir /tmp/tinytofu_quick
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/tinytofu.py --quick --out /tmp/tinytofu_quick
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import logging
 import math
 import os
-import statistics
 import tempfile
 import time
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _harness import Experiment, criterion, mean_std, run, seeds_holding
 
 
 NAME = "tinytofu"
-ROOT = Path(__file__).resolve().parent
 
 # Tier-1 / collapse / Tier-2 thresholds (the table in docs/unlearning.md#tinytofu)
 FA_MAX, RA_RATIO, WA_RATIO, OF_MIN = 0.15, 0.90, 0.60, -2.0
@@ -131,7 +131,7 @@ COMMON = dict(
 )
 
 
-def presets(bounded_omega: float = BOUNDED_OMEGA, bounded_lr: float = BOUNDED_LR) -> dict[str, dict]:
+def presets() -> dict[str, dict]:
     """The per-method `UnlearningConfig` fields; `retain_weight` 1 with an NLL retain term unless noted."""
     nll = dict(retain_loss_type="nll", retain_weight=1.0)
     return {
@@ -196,19 +196,33 @@ def presets(bounded_omega: float = BOUNDED_OMEGA, bounded_lr: float = BOUNDED_LR
         "bounded_graddiff": dict(
             unlearn_method="graddiff",
             bounded_lora=True,
-            bounded_omega=bounded_omega,
+            bounded_omega=BOUNDED_OMEGA,
             bounded_lora_r=8,
             bounded_lora_alpha=16.0,
             forget_weight=1.0,
             **nll,
-            learning_rate=bounded_lr,
+            learning_rate=BOUNDED_LR,
             max_steps=BOUNDED_STEPS,
         ),
     }
 
 
-METHODS = tuple(presets())
+PRESETS = presets()
+METHODS = tuple(PRESETS)
 QUICK_METHODS = ("ga", "graddiff", "simnpo")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What `--quick` changes: the reduced data set, at most one SFT extension (3 is the library's default, so the
+    full run loads the same SFT checkpoints as `train_tinytofu(data, which)`), and three methods."""
+
+    reduced: bool = False
+    sft_max_extensions: int = 3
+    methods: tuple = METHODS
+
+
+QUICK = Sizes(reduced=True, sft_max_extensions=1, methods=QUICK_METHODS)
 TIER1_REQUIRED = ("simnpo", "pdu", "stableun")  # criterion (a)
 LABELS = {
     "full": "full (start)",
@@ -320,14 +334,13 @@ PILOT: dict = {
 # one seed
 
 
-def load_seed(seed: int, quick: bool):
+def load_seed(seed: int, sizes: Sizes):
     from hf_stable.testing.tinytofu import make_tinytofu, train_tinytofu
 
-    data = make_tinytofu(seed, reduced=quick)
-    sft = dict(max_extensions=1) if quick else {}
+    data = make_tinytofu(seed, reduced=sizes.reduced)
     start = time.time()
-    full, full_info = train_tinytofu(data, "full", **sft)
-    oracle, oracle_info = train_tinytofu(data, "oracle", **sft)
+    full, full_info = train_tinytofu(data, "full", max_extensions=sizes.sft_max_extensions)
+    oracle, oracle_info = train_tinytofu(data, "oracle", max_extensions=sizes.sft_max_extensions)
     info = {
         name: {key: i[key] for key in ("accuracy", "accepted", "epochs", "steps", "train_seconds", "cached")}
         for name, i in (("full", full_info), ("oracle", oracle_info))
@@ -461,26 +474,28 @@ def _progress(seed: int, name: str, result: dict) -> None:
     )
 
 
-def run_seed(seed: int, methods: list[str], quick: bool, table: dict, cache_dir: Path | None = None) -> dict:
+def run_seed(seed: int, sizes: Sizes, cache_dir: Path | None = None) -> dict:
     """Reference rows (full, oracle, the embedding-reset control) and every method of one seed.
 
-    With ``cache_dir`` each row's result is stored as ``<cache_dir>/<quick|full>/<seed>/<row>.json`` and reused when
-    the data fingerprint and preset match: an interrupted run resumes, and seeds can run in separate processes.
+    With ``cache_dir`` (the harness's folder for this seed, keyed by sizes, config and code digest) each row's result
+    is stored as ``<cache_dir>/<row>.json`` and reused when the data fingerprint and preset match too: a seed is ~30
+    CPU-minutes, so an interrupted one resumes from its finished rows.
     """
     from hf_stable.evaluation.unlearning import relearn_attack
     from hf_stable.testing.tinytofu import answer_prob, reset_name_embeddings
 
-    data, full, oracle, sft = load_seed(seed, quick)
+    data, full, oracle, sft = load_seed(seed, sizes)
     print(
         f"[seed {seed}] SFT ({'cached' if sft['full']['cached'] and sft['oracle']['cached'] else 'trained'}, "
         f"{sft['seconds']:.0f}s): full {sft['full']['accuracy']}  oracle {sft['oracle']['accuracy']}",
         flush=True,
     )
-    folder = None if cache_dir is None else Path(cache_dir) / ("quick" if quick else "full") / str(seed)
-    base_key = {"fingerprint": sft["fingerprint"], "quick": quick, "thresholds": THRESHOLDS}
+    base_key = {"fingerprint": sft["fingerprint"], "reduced": sizes.reduced, "thresholds": THRESHOLDS}
 
     def cached(name: str, key: dict, compute):
-        return compute() if folder is None else _cached(folder / f"{name}.json", {**base_key, **key}, compute)
+        if cache_dir is None:
+            return compute()
+        return _cached(Path(cache_dir) / f"{name}.json", {**base_key, **key}, compute)
 
     hp0 = answer_prob(full, data.tokenizer, data.holdout_eval).mean().item()
     oracle_relearn = cached(
@@ -499,19 +514,25 @@ def run_seed(seed: int, methods: list[str], quick: bool, table: dict, cache_dir:
         seconds = (time.time() - start) / len(rows)
         return {name: {"metrics": r, **marks(r, rows["full"]), "eval_seconds": seconds} for name, r in rows.items()}
 
-    out = {"sft": sft, "hp0": hp0, "reference": cached("reference", {}, reference_rows), "methods": {}}
+    out = {
+        "sft": sft,
+        "hp0": hp0,
+        "torch_threads": torch.get_num_threads(),
+        "reference": cached("reference", {}, reference_rows),
+        "methods": {},
+    }
     for name in REFERENCE_ROWS[1:]:
         _progress(seed, name, out["reference"][name])
     ref_acc = out["reference"]["full"]["metrics"]
 
     def run_method(method: str) -> dict:
-        model, info = unlearn(method, table[method], seed, data, full, oracle)
+        model, info = unlearn(method, PRESETS[method], seed, data, full, oracle)
         t = time.time()
         metrics = evaluate(model, data, oracle, hp0, oracle_relearn)
         return {"metrics": metrics, **marks(metrics, ref_acc), **info, "eval_seconds": time.time() - t}
 
-    for method in methods:
-        result = cached(method, {"preset": table[method], "common": COMMON}, lambda m=method: run_method(m))
+    for method in sizes.methods:
+        result = cached(method, {"preset": PRESETS[method], "common": COMMON}, lambda m=method: run_method(m))
         out["methods"][method] = result
         _progress(seed, method, result)
     return out
@@ -539,14 +560,6 @@ KEYS = (
 )
 
 
-def mean_std(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "values": values,
-    }
-
-
 def rows_of(per_seed: dict) -> dict[str, list[dict]]:
     """``{row: [per-seed result]}`` for the reference rows and every method, in table order."""
     seeds = list(per_seed)
@@ -571,6 +584,7 @@ def aggregate(per_seed: dict) -> dict:
             entry["train_seconds"] = mean_std([r["train_seconds"] for r in results])
         out[name] = entry
     out["hp0"] = mean_std([per_seed[s]["hp0"] for s in per_seed])
+    out["diagnostics"] = diagnostics(per_seed)
     return out
 
 
@@ -579,43 +593,38 @@ def criteria(per_seed: dict) -> dict:
     methods = [m for m in rows if m not in REFERENCE_ROWS]
     required = [m for m in TIER1_REQUIRED if m in rows]
     t1 = {m: sum(r["tier1"]["passed"] for r in rows[m]) for m in required}
-    all_hold = [all(per_seed[s]["methods"][m]["tier1"]["passed"] for m in required) for s in per_seed]
     checks = {
-        "a": {
-            "criterion": "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed "
-            "for SimNPO, PDU and StableUN",
-            "values": {m: f"{t1[m]}/{n}" for m in required},
-            "passed": bool(required) and all(t1[m] == n for m in required),
-            "per_seed": f"{sum(all_hold)}/{n}",
-            "not_run": [m for m in TIER1_REQUIRED if m not in rows],
-        }
+        "a": criterion(
+            "Tier 1 (FA ≤ 0.15, RA ≥ 0.90 × RA_full, WA ≥ 0.60 × WA_full, OF ≥ −2) holds on every seed for SimNPO, "
+            "PDU and StableUN",
+            bool(required) and all(t1[m] == n for m in required),
+            {**{m: f"{t1[m]}/{n}" for m in required}, "not_run": [m for m in TIER1_REQUIRED if m not in rows]},
+            seeds_holding(per_seed, lambda r: all(r["methods"][m]["tier1"]["passed"] for m in required)),
+        )
     }
     if "ga" in rows:
-        ga = [r["collapse"] for r in rows["ga"]]
-        checks["b"] = {
-            "criterion": "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every "
-            "seed",
-            "values": {
+        checks["b"] = criterion(
+            "GA (lr 5e-4 × 100) trips the collapse signature (RA < 0.5 × RA_full or OF < −3) on every seed",
+            all(r["collapse"] for r in rows["ga"]),
+            {
                 "ra_ratio": [round(r["ra_ratio"], 4) for r in rows["ga"]],
                 "over_forgetting": [round(r["metrics"]["over_forgetting"], 3) for r in rows["ga"]],
             },
-            "passed": all(ga),
-            "per_seed": f"{sum(ga)}/{n}",
-        }
-    measured = {
-        m: all(
-            all(math.isfinite(r["metrics"][k]) for k in KEYS)
-            and all(k in r["tier2"] for k in ("Q1", "Q2", "Q3", "Q4"))
-            for r in rows[m]
+            seeds_holding(per_seed, lambda r: r["methods"]["ga"]["collapse"]),
         )
-        for m in methods
-    }
-    checks["c"] = {
-        "criterion": "Tier 2 (requires Tier 1; Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, "
+
+    def measured(r: dict) -> bool:
+        return all(math.isfinite(r["metrics"][k]) for k in KEYS) and all(
+            k in r["tier2"] for k in ("Q1", "Q2", "Q3", "Q4")
+        )
+
+    checks["c"] = criterion(
+        "Tier 2 (requires Tier 1; Q1 FQ_holdout ≥ 0.05, Q2 FQ_oracle ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, "
         "Q4 RR_p(oracle)/10 ≤ RR_p ≤ RR_p(oracle) + 0.10 and |RR_acc − RR_acc(oracle)| ≤ 0.15) and the relearning "
         "numbers next to the oracle's are reported for every method and seed (reporting criterion; the Tier-2 "
         "outcomes are in `values`)",
-        "values": {
+        bool(methods) and all(measured(r) for m in methods for r in rows[m]),
+        {
             m: {
                 "tier2_seeds": f"{sum(r['tier2']['passed'] for r in rows[m])}/{n}",
                 **{q: f"{sum(r['tier2'][q] for r in rows[m])}/{n}" for q in ("Q1", "Q2", "Q3", "Q4")},
@@ -626,24 +635,26 @@ def criteria(per_seed: dict) -> dict:
             }
             for m in methods
         },
-        "passed": bool(methods) and all(measured.values()),
-        "per_seed": f"{sum(all(measured.values()) for _ in per_seed)}/{n}",
-    }
+        seeds_holding(per_seed, lambda r: all(measured(row) for row in r["methods"].values())),
+    )
     control = rows[CONTROL]
-    fails = [not (r["tier1"]["passed"] and r["tier2"]["passed"]) for r in control]
-    checks["d"] = {
-        "criterion": "the embedding-reset control (forget-name token rows re-drawn from the init, no training) "
-        "fails Tier 1 or Tier 2 on every seed",
-        "values": {
+
+    def control_fails(r: dict) -> bool:
+        return not (r["tier1"]["passed"] and r["tier2"]["passed"])
+
+    checks["d"] = criterion(
+        "the embedding-reset control (forget-name token rows re-drawn from the init, no training) fails Tier 1 or "
+        "Tier 2 on every seed",
+        all(control_fails(r) for r in control),
+        {
             "tier1": [r["tier1"]["passed"] for r in control],
             "tier2": [r["tier2"]["passed"] for r in control],
             "ra_ratio": [round(r["ra_ratio"], 4) for r in control],
             "wa_ratio": [round(r["wa_ratio"], 4) for r in control],
             "forget_acc": [round(r["metrics"]["forget_acc"], 4) for r in control],
         },
-        "passed": all(fails),
-        "per_seed": f"{sum(fails)}/{n}",
-    }
+        seeds_holding(per_seed, lambda r: control_fails(r["reference"][CONTROL])),
+    )
     return checks
 
 
@@ -765,9 +776,7 @@ def markdown(result: dict) -> str:
 
     hp0 = " / ".join(f"{per_seed[s]['hp0']:.3f}" for s in seeds)
     lines = [
-        "# TinyTOFU v2 benchmark",
-        "",
-        f"Seeds {', '.join(seeds)}{' (quick: reduced data)' if cfg['quick'] else ''}. Cells are "
+        f"{'Quick: reduced data. ' if cfg['quick'] else ''}Cells are "
         f"`{'/'.join('seed' + s for s in seeds)}`. RA₀, WA₀ = the full model's accuracies; OF = log10(FP/HP₀) with "
         f"HP₀ = {hp0}. Tier 1 = T1 FA ≤ 0.15, T2 RA ≥ 0.90 RA₀, T3 WA ≥ 0.60 WA₀, T4 OF ≥ −2. The Q marks are "
         "`Q1Q2Q3Q4` per seed (Q1 FQ_hold ≥ 0.05, Q2 FQ_orc ≥ 0.05, Q3 |MIA − 0.5| ≤ 0.10, Q4 oracle/10 ≤ RR_p ≤ "
@@ -823,20 +832,17 @@ def markdown(result: dict) -> str:
             + " | ".join(f"{a['tier2_checks_seeds'][k]}/{n}" for k in ("Q1", "Q2", "Q3", "Q4"))
             + f" | {a['tier2_seeds']}/{n} | {a['collapse_seeds']}/{n} | {secs} |"
         )
-    lines += ["", "## Criteria", "", "| criterion | values | result | seeds where it holds |", "|---|---|---|---|"]
+    lines += ["", "## Criteria values", "", "| criterion | values |", "|---|---|"]
     for key, check in checks.items():
-        values = check["values"]
+        values = dict(check["values"])
+        not_run = values.pop("not_run", [])
         if key == "c":
             values = {m: v["tier2_seeds"] for m, v in values.items()}
         text = json.dumps(values, ensure_ascii=False).replace("|", "\\|")
-        not_run = f" (not run: {', '.join(check['not_run'])})" if check.get("not_run") else ""
-        description = check["criterion"].replace("|", "\\|")
-        lines.append(
-            f"| ({key}) {description}{not_run} | `{text}` | "
-            f"{'PASS' if check['passed'] else 'FAIL'} | {check['per_seed']} |"
-        )
-    lines += ["", f"Overall: {'PASS' if result['passed'] else 'FAIL'}.", ""]
-    diag = result["diagnostics"]
+        skipped = f" (not run: {', '.join(not_run)})" if not_run else ""
+        lines.append(f"| ({key}){skipped} | `{text}` |")
+    lines.append("")
+    diag = agg["diagnostics"]
     if diag:
         lines += ["Diagnostics (not criteria):", ""]
         for value in diag.values():
@@ -844,7 +850,8 @@ def markdown(result: dict) -> str:
             lines.append(f"* {value['description']}: {detail}.")
         lines.append("")
     lines += ["## Presets", "", "| method | settings |", "|---|---|"]
-    for name, preset in cfg["presets"].items():
+    for name in cfg["sizes"]["methods"]:
+        preset = cfg["presets"][name]
         text = ", ".join(f"{k}={v}" for k, v in preset.items())
         lines.append(f"| {LABELS[name]} | {text} |")
     lines += [
@@ -864,118 +871,45 @@ def markdown(result: dict) -> str:
         lines += ["", cfg["pilot"]["decision"], ""]
     else:
         lines += ["No pilot recorded.", ""]
+    sft = ", ".join(
+        f"seed {s} {'/'.join('yes' if per_seed[s]['sft'][w]['cached'] else 'no' for w in ('full', 'oracle'))}"
+        for s in seeds
+    )
+    threads = sorted({per_seed[s]["torch_threads"] for s in seeds})
     lines += [
-        "## Rerun",
-        "",
-        f"    {result['command']}",
-        "",
-        f"Wall time of this run: {result['wall_s']:.0f} s (SFT checkpoints cached at the start: "
-        f"{result['sft_cached']}); torch threads {cfg['torch_threads']}.",
+        f"SFT checkpoints loaded from the library cache (full/oracle): {sft}; torch threads {threads}.",
         "",
     ]
     return "\n".join(lines)
 
 
-def quiet() -> None:
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    logging.getLogger("hf_stable").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-
-
-def sft_cached(seeds: list[int], quick: bool) -> bool:
-    from hf_stable.testing.tinytofu import default_cache_dir
-
-    if quick:
-        return False  # reduced checkpoints live in hashed folders; not worth resolving here
-    return all((default_cache_dir() / str(s) / w / "done.json").exists() for s in seeds for w in ("full", "oracle"))
-
-
-def git_commit() -> str:
-    """``HEAD`` of the checkout that ran, ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+EXPERIMENT = Experiment(
+    name=NAME,
+    title="TinyTOFU v2 unlearning benchmark",
+    claim=__doc__.split("Claim. ")[1].split("\n\n")[0].replace("\n", " "),
+    sizes=Sizes(),
+    quick_sizes=QUICK,
+    run_seed=run_seed,
+    aggregate=lambda per_seed, sizes: aggregate(per_seed),
+    criteria=lambda per_seed, agg, sizes: criteria(per_seed),
+    plot=lambda result, path: plot(result["per_seed"], path),
+    markdown=markdown,
+    config={
+        "presets": PRESETS,
+        "common": COMMON,
+        "thresholds": THRESHOLDS,
+        "tier2_requires_tier1": True,
+        "relearn_attack": {"steps": 20, "lr": 1e-3, "batch_size": 8, "seed": 0},
+        "pilot": PILOT,
+    },
+    script=__file__,
+    size_flags={"--methods": dict(nargs="+", choices=METHODS, help="methods to run (default: all; quick: 3)")},
+    work_cache=True,
+)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default=str(ROOT / "results"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=None, help="default: all (quick: 3)")
-    parser.add_argument("--bounded_omega", type=float, default=BOUNDED_OMEGA, help="pilot only")
-    parser.add_argument("--bounded_lr", type=float, default=BOUNDED_LR, help="pilot only")
-    parser.add_argument("--quick", action="store_true", help="reduced data, one seed, GA/GradDiff/SimNPO (< 90 s)")
-    parser.add_argument(
-        "--cache_dir", default=None, help="per-(seed, row) result cache (default: next to the SFT one)"
-    )
-    parser.add_argument("--no_cache", action="store_true", help="recompute every row, store nothing")
-    cli = parser.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    quiet()
-    methods = cli.methods or list(QUICK_METHODS if cli.quick else METHODS)
-    seeds = cli.seeds[:1] if cli.quick else cli.seeds
-    table = presets(cli.bounded_omega, cli.bounded_lr)
-    start = time.time()
-    cached = sft_cached(seeds, cli.quick)
-    from hf_stable.testing.tinytofu import default_cache_dir
-
-    cache_dir = None if cli.no_cache else Path(cli.cache_dir or default_cache_dir().parent / "tinytofu_runs")
-    per_seed = {str(seed): run_seed(seed, methods, cli.quick, table, cache_dir) for seed in seeds}
-    checks = criteria(per_seed)
-    command = f"OMP_NUM_THREADS=1 .venv/bin/python experiments/{NAME}.py" + (" --quick" if cli.quick else "")
-    if cli.seeds != [0, 1, 2]:
-        command += " --seeds " + " ".join(map(str, seeds))
-    if cli.methods:
-        command += " --methods " + " ".join(methods)
-    if cli.bounded_omega != BOUNDED_OMEGA or cli.bounded_lr != BOUNDED_LR:
-        command += f" --bounded_omega {cli.bounded_omega:g} --bounded_lr {cli.bounded_lr:g}"
-    result = {
-        "experiment": "TinyTOFU v2 unlearning benchmark",
-        "claim": __doc__.split("Claim. ")[1].split("\n\n")[0].replace("\n", " "),
-        "git_commit": git_commit(),
-        "config": {
-            "seeds": seeds,
-            "methods": methods,
-            "quick": cli.quick,
-            "reduced_data": cli.quick,
-            "sft_max_extensions": 1 if cli.quick else 3,
-            "presets": {m: table[m] for m in methods},
-            "common": COMMON,
-            "thresholds": THRESHOLDS,
-            "tier2_requires_tier1": True,
-            "relearn_attack": {"steps": 20, "lr": 1e-3, "batch_size": 8, "seed": 0},
-            "pilot": PILOT,
-            "torch_threads": torch.get_num_threads(),
-        },
-        "per_seed": per_seed,
-        "aggregate": aggregate(per_seed),
-        "criteria": checks,
-        "diagnostics": diagnostics(per_seed),
-        "passed": all(c["passed"] for c in checks.values()),
-        "wall_s": time.time() - start,
-        "sft_cached": cached,
-        "command": command,
-    }
-    out = Path(cli.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{NAME}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
-    plot(per_seed, out / f"{NAME}.png")
-    (out / f"{NAME}.md").write_text(markdown(result))
-    for key, check in checks.items():
-        values = check["values"] if key != "c" else {m: v["tier2_seeds"] for m, v in check["values"].items()}
-        print(f"({key}) {'PASS' if check['passed'] else 'FAIL'}: {check['criterion']}  values={values}")
-    print(f"wall time {result['wall_s']:.0f}s -> {out / NAME}.{{json,png,md}}")
-    return result
+    return run(EXPERIMENT, argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Every experiment result has the harness's schema; the harness writes it, caches seeds, reruns on code changes."""
 
+import dataclasses
 import json
 import re
 import sys
@@ -81,6 +82,35 @@ def test_harness_writes_schema_and_caches(tmp_path, monkeypatch):
     assert quick["passed"] is False and "--quick" in quick["command"]
 
 
+def test_size_flags_and_work_cache(tmp_path, monkeypatch):
+    """A script's size flag overrides its sizes (cache key and command included); a `work_cache` seed gets a folder
+    keyed like its record, so a code change gives a new one, and none under `--no_cache`."""
+    monkeypatch.setattr(_harness, "CACHE", tmp_path / "cache")
+    script = tmp_path / "toy.py"
+    script.write_text("x = 1\n")
+    calls, folders = [], []
+    exp = toy_experiment(calls, str(script))
+    seed_fn = exp.run_seed
+
+    def run_seed(seed, sizes, folder):
+        folders.append(folder)
+        return seed_fn(seed, sizes)
+
+    exp = dataclasses.replace(exp, run_seed=run_seed, work_cache=True, size_flags={"--scale": dict(type=float)})
+    out = ["--out", str(tmp_path / "out"), "--seeds", "2"]
+    base = _harness.run(exp, out)
+    scaled = _harness.run(exp, [*out, "--scale", "3"])
+    assert base["per_seed"]["2"]["score"] == 2.0 and scaled["per_seed"]["2"]["score"] == 6.0
+    assert scaled["config"]["sizes"] == {"scale": 3.0} and scaled["command"].endswith("--seeds 2 --scale 3.0")
+    assert "--scale" not in base["command"]
+    assert folders[0] != folders[1] and folders[0].parent == tmp_path / "cache" / "toy"
+    assert folders[0].with_suffix(".json").exists()  # the folder sits next to the seed's record, same key
+    script.write_text("x = 2\n")
+    _harness.run(exp, out)
+    _harness.run(exp, [*out, "--no_cache"])
+    assert folders[2] not in (folders[0], None) and folders[3] is None and len(calls) == 4
+
+
 @pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)
 def test_committed_result_has_the_shared_schema(path):
     """Every committed result (every stream's) carries the harness's keys, a verdict that agrees with its criteria,
@@ -96,6 +126,7 @@ def test_committed_result_has_the_shared_schema(path):
     assert isinstance(data["aggregate"], dict) and data["aggregate"]
     assert isinstance(data["wall_s"], (int, float)) and data["wall_s"] >= 0
     assert re.fullmatch(r"[0-9a-f]{7,40}", data["git_commit"]), f"not from committed code: {data['git_commit']}"
+    assert re.fullmatch(r"[0-9a-f]{40}", data["code_digest"])
     assert not data.get("config", {}).get("quick"), "a --quick smoke result is committed"
 
 

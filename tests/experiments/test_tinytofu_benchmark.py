@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
@@ -14,8 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _runner():
+    folder = os.path.join(ROOT, "experiments")
+    if folder not in sys.path:  # the script imports `_harness` from its folder
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location("tinytofu_runner", os.path.join(ROOT, "experiments", "tinytofu.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves string annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -94,7 +99,7 @@ def test_tier2_requires_tier1(failing):
 
 @pytest.mark.slow
 def test_quick_benchmark_separates_collapse_from_unlearning_and_the_control_fails(tmp_path):
-    result = _runner().main(["--quick", "--output_dir", str(tmp_path), "--no_cache"])
+    result = _runner().main(["--quick", "--out", str(tmp_path), "--no_cache"])
     seed = result["per_seed"]["0"]
     full, oracle, control = (seed["reference"][k] for k in ("full", "oracle", "control"))
     assert full["metrics"]["forget_acc"] >= 0.95, full["metrics"]
@@ -125,11 +130,11 @@ def test_committed_results_have_the_shared_schema_and_the_control():
     data = json.loads(open(os.path.join(ROOT, "experiments", "results", "tinytofu.json")).read())
     assert {"claim", "criteria", "passed", "per_seed", "aggregate", "wall_s", "git_commit"} <= set(data)
     assert data["config"]["seeds"] == [0, 1, 2] and data["config"]["tier2_requires_tier1"]
-    assert set(data["config"]["methods"]) == set(runner.METHODS)
     assert set(data["criteria"]) == {"a", "b", "c", "d"}
     for seed in data["config"]["seeds"]:
+        assert set(data["per_seed"][str(seed)]["methods"]) == set(runner.METHODS)
         rows = {**data["per_seed"][str(seed)]["reference"], **data["per_seed"][str(seed)]["methods"]}
-        assert {"full", "oracle", "control"} <= set(rows) and set(data["config"]["methods"]) <= set(rows)
+        assert {"full", "oracle", "control"} <= set(rows)
         full = rows["full"]["metrics"]
         for name, row in rows.items():  # the stored marks are the ones the current rule gives
             recomputed = runner.marks(row["metrics"], full)

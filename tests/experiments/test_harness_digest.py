@@ -1,0 +1,87 @@
+"""The experiments' code digest leaves out the CLI layer; that is only sound while nothing an experiment runs imports
+it. These checks read the sources (an import inside a function counts too)."""
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "experiments"))
+import _harness  # noqa: E402
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of every module ``path`` imports, relative imports resolved against its package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+EXCLUDED = tuple(p.rstrip("/").replace("/", ".") for p in _harness.NOT_IN_DIGEST)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*_harness.library_sources(), *sorted((REPO / "experiments").glob("*.py"))],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_no_digested_code_imports_the_cli_layer(path):
+    bad = {m for m in _imported_modules(path) if m.startswith(EXCLUDED)}
+    assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}, which the experiments' code digest leaves out"
+
+
+def test_the_checker_sees_relative_imports():
+    """A control that must fail: the demo's own module imports the CLI layer (relatively)."""
+    assert any(m.startswith(EXCLUDED) for m in _imported_modules(REPO / "hf_stable" / "cli" / "demo.py"))
+
+
+def test_digest_follows_library_code_not_the_cli(tmp_path, monkeypatch):
+    script = tmp_path / "exp.py"
+    script.write_text("x = 1\n")
+    before = _harness._sources_digest(str(script))
+    assert _harness._sources_digest(str(script)) == before
+    script.write_text("x = 2\n")
+    assert _harness._sources_digest(str(script)) != before
+    sources = _harness.library_sources()
+    names = [p.relative_to(REPO).as_posix() for p in sources]
+    assert names and not any(n.startswith(("hf_stable/cli/", "hf_stable/scripts/")) for n in names)
+    assert any(p.as_posix().endswith("hf_stable/losses/__init__.py") for p in sources)
+
+
+def test_stale_results_follow_the_code(tmp_path, monkeypatch):
+    scripts = tmp_path / "experiments"
+    scripts.mkdir()
+    script = scripts / "toy.py"
+    script.write_text("x = 1\n")
+    monkeypatch.setattr(_harness, "REPO", tmp_path)
+    (tmp_path / "hf_stable").mkdir()
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 1\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    command = "OMP_NUM_THREADS=1 .venv/bin/python experiments/toy.py --quick"
+    digest = _harness._sources_digest(str(script))
+    (results / "toy.json").write_text(json.dumps({"command": command, "code_digest": digest}))
+    (results / "old.json").write_text(json.dumps({"command": command}))
+    assert _harness.stale_results(results) == {"old": "no digest", "toy": "fresh"}
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 2\n")  # a library change makes it stale
+    assert _harness.stale_results(results)["toy"] == "stale"
+    (tmp_path / "hf_stable" / "core.py").write_text("y = 1\n")
+    (tmp_path / "hf_stable" / "cli").mkdir()
+    (tmp_path / "hf_stable" / "cli" / "main.py").write_text("z = 1\n")  # the CLI layer does not
+    assert _harness.stale_results(results)["toy"] == "fresh"
