@@ -216,7 +216,12 @@ def test_sigint_exits_130_and_removes_the_temporary_folder(workspace, tmp_path):
     out = tmp_path / "merged"
     env = {**os.environ, "HF_STABLE_MERGE_TEST_SLEEP": "0.3", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "hf_stable.scripts.merge", str(recipe), str(out), "--no-progress"]
-    proc = subprocess.Popen([*cmd, "--memory-budget", "4KB"], env=env, stderr=subprocess.PIPE, text=True)
+    # a child inherits an ignored SIGINT (a shell's background job ignores it) and Python then installs no
+    # KeyboardInterrupt handler: give the merge the default disposition a user's terminal gives it
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        [*cmd, "--memory-budget", "4KB"], env=env, stderr=subprocess.PIPE, text=True, preexec_fn=restore
+    )
     try:
         deadline = time.time() + 60
         while not (tmp_path / "merged.tmp" / "model.safetensors").exists() and time.time() < deadline:
