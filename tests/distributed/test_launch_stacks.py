@@ -30,3 +30,21 @@ def test_hang_fails_with_the_stacks_of_both_ranks():
         if p.pid not in before and SCRIPT in " ".join(p.info["cmdline"] or [])
     ]
     assert not leftovers, f"processes left running: {[p.pid for p in leftovers]}"
+
+
+def test_every_launched_rank_script_ends_with_end_rank():
+    """A rank script that returns into interpreter finalization can abort in the gloo teardown race
+    (docs/distributed.md); a clean-clone CI run lost tests/stability/ess_ddp_script.py to it. Every script the tests
+    launch on several ranks ends its `__main__` block with `end_rank()`."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(tests)
+        for name in names
+        if name.endswith("_script.py") and name != "hang_script.py"
+    )
+    assert len(scripts) >= 9
+    for path in scripts:
+        source = open(path).read()
+        main_block = source[source.index('if __name__ == "__main__":') :]
+        assert main_block.rstrip().endswith("end_rank()"), f"{os.path.relpath(path, tests)} lacks end_rank()"

@@ -52,4 +52,8 @@ def main(out_dir, names):
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from launch_helpers import end_rank
+
     main(sys.argv[1], sys.argv[2].split(","))
+    end_rank()

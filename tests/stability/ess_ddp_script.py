@@ -30,4 +30,7 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
+    from launch_helpers import end_rank
+
     main(sys.argv[1])
+    end_rank()
