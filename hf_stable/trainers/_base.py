@@ -4,7 +4,9 @@ conversion of plain TRL/transformers configs.
 A trainer keeps what it learns while training (multipliers, probe results, adaptive weights) in
 ``_stable_state()``; it is written into each ``checkpoint-N`` folder next to the optimizer state and read back by
 ``train(resume_from_checkpoint=...)`` before the loop starts, so a resumed run continues exactly where it stopped.
-Tensors go to safetensors (never pickle), the rest to JSON; both are written atomically.
+Tensors go to safetensors (never pickle), the rest to JSON. The whole checkpoint is written into a staging folder
+and renamed to ``checkpoint-N`` once complete, our state last ([`_atomic`]); ``resume_from_checkpoint=True`` takes the
+newest complete checkpoint.
 
 [`StableTrainerMixin`] builds the card and coerces `args` from class attributes, after TRL's `_tag_names`/`_name`
 pattern (`trl/trainer/base_trainer.py`): a trainer names its config class and the registries whose active methods the
@@ -18,12 +20,22 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..cards import CardSections, TrainingCard, method_sections, write_training_card
+from ._atomic import (
+    STAGING_PREFIX,
+    TRAINER_STATE,
+    last_complete_checkpoint,
+    publish_files,
+    publish_folder,
+    save_error,
+)
+from ._refusals import refuse_unrunnable
 
 
 logger = logging.getLogger(__name__)
@@ -87,14 +99,119 @@ class StableStateMixin:
     def _load_stable_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Restore what ``_stable_state`` returned."""
 
+    _staging: str | None = None  # the staging folder while `_save_checkpoint` runs
+    _deferred_push: str | None = None
+
+    def _get_output_dir(self, trial):
+        # While a checkpoint is saved the parent writes `<staging>/checkpoint-N` and rotates only inside it.
+        return self._staging if self._staging is not None else super()._get_output_dir(trial)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        if self._staging is not None:  # pushed once the folder has its final name
+            self._deferred_push = checkpoint_folder
+            return None
+        return super()._push_from_checkpoint(checkpoint_folder)
+
     def _save_checkpoint(self, model, trial):
-        # Written before the parent saves (and possibly pushes) the checkpoint folder, so the push includes it.
+        """Write the whole checkpoint (weights, optimizer, scheduler, RNG, trainer state, hf_stable's state last) into
+        ``tmp-checkpoint-N/checkpoint-N``, fsync it and rename it to ``checkpoint-N`` (see `_atomic`); then push
+        and rotate as the parent would. Every rank computes the same folder from the step; ranks that write (RNG
+        files, optimizer shards) finish before the main process renames.
+
+        A callback whose state must be part of the checkpoint defines ``write_checkpoint_state(folder, args, state)``:
+        it is called on every rank with the staged folder, before hf_stable's state (``on_save`` runs only after the
+        rename, outside the atomic save). Written by a writing rank (``args.should_save``)."""
+        run_dir = super()._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final = os.path.join(run_dir, name)
+        staging = os.path.join(run_dir, STAGING_PREFIX + name)
+        staged = os.path.join(staging, name)
         if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            shutil.rmtree(staging, ignore_errors=True)  # a save of this step that an earlier process left unfinished
+            os.makedirs(staged)
+        self.accelerator.wait_for_everyone()
+        self._staging, self._deferred_push = staging, None
+        try:
+            super()._save_checkpoint(model, trial)
+            if self.state.best_model_checkpoint == staged:  # the parent found the best one under its staging name
+                self.state.best_model_checkpoint = final
+                if self.args.should_save:
+                    self.state.save_to_json(os.path.join(staged, TRAINER_STATE))
+            for callback in self.callback_handler.callbacks:  # state a callback keeps beside the checkpoint
+                write = getattr(callback, "write_checkpoint_state", None)
+                if write is not None:
+                    write(staged, self.args, self.state)
+            if self.args.should_save:
+                save_stable_state(staged, *self._stable_state())
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save and os.path.isdir(staged):  # absent: a node sharing the filesystem renamed it
+                publish_folder(staged, final)
+                os.rmdir(staging)
+        except BaseException as e:
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            error = save_error(e, final) if isinstance(e, Exception) else None
+            if error is not None:
+                raise error from e
+            raise
+        finally:
+            self._staging = None
+        self.accelerator.wait_for_everyone()
+        if self._deferred_push is not None:
+            self._deferred_push = None
+            self._push_from_checkpoint(final)
+        if self.args.should_save:
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
             )
-            save_stable_state(folder, *self._stable_state())
-        super()._save_checkpoint(model, trial)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the model into ``output_dir`` through a staging folder inside it: every file appears whole and
+        ``config.json``/``adapter_config.json`` appear last (see `_atomic.publish_files`: the folder also holds
+        checkpoints and logs, so it cannot be renamed whole). A failed write raises an `OSError` naming the folder
+        and leaves the staging folder removed and the earlier files in place."""
+        if self._staging is not None:  # a checkpoint: the whole folder is already staged
+            return super().save_model(output_dir, _internal_call)
+        final = output_dir if output_dir is not None else self.args.output_dir
+        staged = os.path.join(final, STAGING_PREFIX + "save_model")
+        if self.args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)
+            os.makedirs(staged)
+        self.accelerator.wait_for_everyone()
+        try:
+            super().save_model(staged, _internal_call=True)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                publish_files(staged, final)
+        except BaseException as e:
+            if self.args.should_save:
+                shutil.rmtree(staged, ignore_errors=True)
+            error = save_error(e, final) if isinstance(e, Exception) else None
+            if error is not None:
+                raise error from e
+            raise
+        self.accelerator.wait_for_everyone()
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _last_complete_checkpoint(self) -> str:
+        """What ``resume_from_checkpoint=True`` resumes from: the newest complete checkpoint of ``output_dir``,
+        saying which newer folders it passed over and why."""
+        output_dir = self.args.output_dir
+        found, skipped = last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else (None, [])
+        for name, why in skipped:
+            logger.warning(f"resume_from_checkpoint=True skips {os.path.join(output_dir, name)}: {why}.")
+        if found is None:
+            raise ValueError(
+                f"resume_from_checkpoint=True found no complete checkpoint in output_dir={output_dir!r}"
+                + (f" (skipped: {', '.join(name for name, _ in skipped)})" if skipped else "")
+                + "; pass a checkpoint folder, or `resume_from_checkpoint=None` to start afresh."
+            )
+        logger.info(f"resume_from_checkpoint=True resumes from {found}.")
+        return found
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         # Callbacks that measure (e.g. `AdapterScaleCallback`) hand their metrics over here, before `Trainer.log`
@@ -108,7 +225,7 @@ class StableStateMixin:
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
-            checkpoint = get_last_checkpoint(self.args.output_dir)  # None: the parent raises its own error
+            checkpoint = resume_from_checkpoint = self._last_complete_checkpoint()
         if isinstance(checkpoint, (str, os.PathLike)):
             saved = load_stable_state(os.fspath(checkpoint))
             if saved is None:
@@ -168,7 +285,13 @@ class StableTrainerMixin:
     @classmethod
     def _coerce_args(cls, model, args):
         """``args`` as ``_config_class``: itself, a default (no args), or converted from another `TrainingArguments`
-        (an `SFTConfig`, `GRPOConfig`, ...) keeping every value."""
+        (an `SFTConfig`, `GRPOConfig`, ...) keeping every value; refused when it cannot run ([`refuse_unrunnable`])."""
+        args = cls._convert_args(model, args)
+        refuse_unrunnable(args)
+        return args
+
+    @classmethod
+    def _convert_args(cls, model, args):
         config_class = cls._config_class
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
