@@ -75,9 +75,23 @@ class PriorTargets:
         return self.prior.to(stream["input_ids"].device)[pos]
 
 
+def require_forget_targets(forget_rows: list[dict]) -> None:
+    """``dmm_target="precomputed"`` needs targets on every forget row: without them the row would be matched to the
+    starting model (the reference), a loss of about zero that unlearns nothing."""
+    missing = [i for i, row in enumerate(forget_rows) if "target_ids" not in row]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise ValueError(
+            f"dmm_target='precomputed' needs `dmm_target_ids`/`dmm_target_logps` on every `forget_dataset` row; "
+            f"{len(missing)} of {len(forget_rows)} row(s) have none (rows {shown}). Add them with "
+            "`precompute_dmm_targets(oracle, forget_dataset, tokenizer)`, or use dmm_target='oracle_model' or 'prior'."
+        )
+
+
 class PrecomputedTargets:
     """Top-k targets carried by the batch (``target_ids``/``target_logps`` of shape `(B, A, k)`, A answer tokens);
-    retain rows without targets fall back to ``reference`` (self-distillation)."""
+    retain rows without targets fall back to ``reference`` (self-distillation). Forget rows must carry them
+    ([`require_forget_targets`])."""
 
     def __init__(self, vocab_size: int, reference=None):
         self.vocab_size, self.reference = vocab_size, reference
@@ -85,7 +99,7 @@ class PrecomputedTargets:
     @torch.no_grad()
     def __call__(self, stream, kind: str) -> torch.Tensor:
         if "target_ids" not in stream:
-            if self.reference is None:
+            if self.reference is None or kind == "forget":
                 raise ValueError(
                     f"dmm_target='precomputed': the {kind} rows carry no dmm_target_ids/dmm_target_logps."
                 )

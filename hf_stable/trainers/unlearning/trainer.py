@@ -29,7 +29,7 @@ from .data import UnlearningCollator, tokenize_rows, training_pairs
 from .methods import UNLEARNING_METHODS
 from .multigrad import MultiGradMixin
 from .reference import REF_LOGPS_KEY, ReferenceMixin, frozen
-from .targets import OracleTargets, PrecomputedTargets, PriorTargets
+from .targets import OracleTargets, PrecomputedTargets, PriorTargets, require_forget_targets
 
 
 logger = logging.getLogger(__name__)
@@ -175,6 +175,7 @@ class UnlearningTrainer(
         if args.dmm_target == "prior":
             retain = list(self._streams(self._retain_rows[:256], args.device))
             return PriorTargets(self._reference_logprobs, retain)
+        require_forget_targets(self._forget_rows)
         vocab_size = self.accelerator.unwrap_model(self.model).config.vocab_size
         return PrecomputedTargets(vocab_size, self._reference_logprobs)
 
