@@ -27,7 +27,7 @@ TRAINER_STATE = "trainer_state.json"
 MARKERS = ("config.json", "adapter_config.json")  # what `from_pretrained` reads first: they appear last
 _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 _WEIGHTS = re.compile(r"^(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
-_SHARDED_STATES = ("pytorch_model_fsdp_0", "latest")  # FSDP sharded model folder; DeepSpeed's tag file
+_SHARDED_STATES = ("pytorch_model_fsdp", "global_step")  # FSDP's model files/folders; DeepSpeed's global_stepN/
 
 
 def fsync_tree(folder: str) -> None:
@@ -114,7 +114,7 @@ def save_error(exc: BaseException, folder: str) -> OSError | None:
 
 def _weights_present(folder: str) -> bool:
     for name in os.listdir(folder):
-        if name in _SHARDED_STATES or name.startswith("global_step"):
+        if name.startswith(_SHARDED_STATES):
             return True
         if _WEIGHTS.match(name) and os.path.getsize(os.path.join(folder, name)) > 0:
             return True

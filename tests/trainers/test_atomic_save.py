@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from sft_helpers import STEP_ARGS
+from transformers import TrainerCallback
 
 from hf_stable import StableSFTConfig, StableSFTTrainer
 from hf_stable.testing import arithmetic_dataset, build_tiny_model
@@ -218,6 +219,17 @@ def test_newest_complete_checkpoint_and_the_reasons_for_the_others(tmp_path):
     assert reasons["tmp-checkpoint-12"].startswith("an unfinished save")
 
 
+def test_sharded_checkpoints_count_as_weights(tmp_path):
+    """DeepSpeed without gathered weights writes `global_stepN/`, FSDP's sharded state `pytorch_model_fsdp_0/`."""
+    from hf_stable.trainers._atomic import checkpoint_problem
+
+    for shard in ("global_step6", "pytorch_model_fsdp_0"):
+        _checkpoint(tmp_path / shard / "checkpoint-6", weights=False)
+        assert checkpoint_problem(str(tmp_path / shard / "checkpoint-6")) == "no model weights"
+        os.makedirs(tmp_path / shard / "checkpoint-6" / shard)
+        assert checkpoint_problem(str(tmp_path / shard / "checkpoint-6")) is None
+
+
 def test_resume_true_passes_over_a_checkpoint_without_weights(tmp_path, caplog):
     """The layout an older version left when killed mid-save (configs and hf_stable state, no weights) is skipped."""
     make(tmp_path, max_steps=2).train()
@@ -285,6 +297,28 @@ def test_full_disk_during_save_model_leaves_the_earlier_model_whole(tmp_path, sm
 
 # ---------------------------------------------------------------------------------------------------------------------
 # what the staging must not change
+
+
+class _Recorder(TrainerCallback):
+    """A callback with state inside the checkpoint: written into the staged folder, before the rename."""
+
+    def __init__(self):
+        self.folders = []
+
+    def write_checkpoint_state(self, folder, args, state):
+        self.folders.append(folder)
+        if args.should_save:
+            with open(os.path.join(folder, "recorder.json"), "w") as f:
+                json.dump({"step": state.global_step}, f)
+
+
+def test_callback_state_is_written_inside_the_atomic_save(tmp_path):
+    trainer = make(tmp_path, max_steps=2)
+    recorder = _Recorder()
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert recorder.folders == [str(tmp_path / "tmp-checkpoint-2" / "checkpoint-2")]
+    assert json.loads((tmp_path / "checkpoint-2" / "recorder.json").read_text()) == {"step": 2}
 
 
 def test_save_model_replaces_stale_shards_and_writes_configs_last(tmp_path, monkeypatch):
