@@ -126,12 +126,12 @@ class StableStateMixin:
         final = os.path.join(run_dir, name)
         staging = os.path.join(run_dir, STAGING_PREFIX + name)
         staged = os.path.join(staging, name)
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # a save of this step that an earlier process left unfinished
-            os.makedirs(staged)
-        self.accelerator.wait_for_everyone()
-        self._staging, self._deferred_push = staging, None
         try:
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)  # a save of this step an earlier process left unfinished
+                os.makedirs(staged)
+            self.accelerator.wait_for_everyone()
+            self._staging, self._deferred_push = staging, None
             super()._save_checkpoint(model, trial)
             if self.state.best_model_checkpoint == staged:  # the parent found the best one under its staging name
                 self.state.best_model_checkpoint = final
@@ -177,11 +177,11 @@ class StableStateMixin:
             return super().save_model(output_dir, _internal_call)
         final = output_dir if output_dir is not None else self.args.output_dir
         staged = os.path.join(final, STAGING_PREFIX + "save_model")
-        if self.args.should_save:
-            shutil.rmtree(staged, ignore_errors=True)
-            os.makedirs(staged)
-        self.accelerator.wait_for_everyone()
         try:
+            if self.args.should_save:
+                shutil.rmtree(staged, ignore_errors=True)
+                os.makedirs(staged)
+            self.accelerator.wait_for_everyone()
             super().save_model(staged, _internal_call=True)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:

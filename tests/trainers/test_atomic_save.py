@@ -361,3 +361,27 @@ def test_best_checkpoint_and_rotation_use_the_final_names(tmp_path):
     saved = load_file(os.path.join(best, "model.safetensors"))
     for name, value in saved.items():
         assert torch.equal(value, trainer.model.state_dict()[name]), name
+
+
+def test_save_model_into_a_file_names_it(tmp_path):
+    trainer = make(tmp_path / "out", max_steps=1, save_strategy="no")
+    (tmp_path / "taken").write_text("a file where the output folder should be")
+    with pytest.raises(OSError, match=f"could not save to {tmp_path / 'taken'}: "):
+        trainer.save_model(str(tmp_path / "taken"))
+    assert (tmp_path / "taken").read_text().startswith("a file")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_rename_after_both_wrote(tmp_path):
+    """Under DDP (gloo, two CPU processes) every rank writes its RNG file into the same staging folder and the main
+    process renames only once both are done; resume with True continues on both ranks."""
+    from launch_helpers import launch_two_processes
+
+    launch_two_processes(os.path.join(os.path.dirname(__file__), "atomic_ddp_script.py"), str(tmp_path), port=29753)
+    assert json.loads((tmp_path / "report.json").read_text()) == {"global_step": 6}
+    checkpoints = sorted(n for n in os.listdir(tmp_path) if "checkpoint" in n)
+    assert checkpoints == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    for step in (2, 4, 6):
+        names = os.listdir(tmp_path / f"checkpoint-{step}")
+        assert {"rng_state_0.pth", "rng_state_1.pth", "hf_stable_state.json", "model.safetensors"} <= set(names)
