@@ -2,6 +2,7 @@
 checkpoint and ends bitwise equal to an uninterrupted run; a full disk raises an `OSError` naming the folder and leaves
 nothing half-written under a final name; ``resume_from_checkpoint=True`` passes over incomplete folders, saying why."""
 
+import errno
 import json
 import logging
 import os
@@ -274,6 +275,24 @@ def test_full_disk_during_a_checkpoint_names_it_and_leaves_nothing(tmp_path, sma
     small_file_limit()
     with pytest.raises(OSError, match=f"could not save to {tmp_path / 'checkpoint-2'}: .*File too large"):
         trainer.train()
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint" in n]
+
+
+def test_no_space_while_writing_the_optimizer_keeps_the_errno(tmp_path, monkeypatch):
+    """ENOSPC raised by the optimizer's write, after the weights were staged: the error keeps its errno and names
+    the checkpoint, and the staged weights are removed with the rest."""
+    save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    trainer = make(tmp_path, max_steps=2)
+    with pytest.raises(OSError, match=f"could not save to {tmp_path / 'checkpoint-2'}: No space left") as info:
+        trainer.train()
+    assert info.value.errno == errno.ENOSPC
     assert not [n for n in os.listdir(tmp_path) if "checkpoint" in n]
 
 
