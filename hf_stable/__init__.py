@@ -16,13 +16,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._peft_hook import install as _install_peft_hook
+from ._version import __version__
 from .registry import get_registry, list_methods
 
 
 _install_peft_hook()  # saved MAP/sine adapters load correctly through stock PEFT (see _peft_hook)
 
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "StableSFTConfig": "hf_stable.trainers.sft",

@@ -24,17 +24,18 @@ import importlib.util
 import sys
 import warnings
 
+# the variants and markers live below `hf_stable.adapters`, which this hook imports when PEFT loads a config;
+# re-exported here, where earlier code read them
+from ._adapter_variants import (  # noqa: F401
+    ADAPTER_VARIANTS,
+    PEFT_TYPE,
+    SAVED_PEFT_TYPE,
+    VARIANT_KEYS,
+    is_hf_stable_config,
+)
+
 
 TARGET = "peft.config"
-# The one list of hf_stable's LoRA variants: name -> the `StableLoraConfig` switch (`is_lora_variant`) that selects it.
-# Kept here because this module must not import peft; `hf_stable.adapters` derives everything else from it.
-ADAPTER_VARIANTS = {"map": "use_map", "sine": "use_sine"}
-VARIANT_KEYS = tuple(ADAPTER_VARIANTS.values())
-# `peft_type` written for MAP/sine adapters: unknown to stock PEFT, so its lookup fails with this text as the message
-SAVED_PEFT_TYPE = (
-    "LORA+hf_stable: a MAP/sine adapter, load it with hf_stable (pip install hf-stable; import hf_stable)"
-)
-PEFT_TYPE = "LORA"
 LOST_FEATURE = (
     "loading MAP/sine adapters through PEFT's own loaders (`PeftModel.from_pretrained`, `AutoPeftModel*`, "
     "`model.load_adapter`): they will raise; `hf_stable.adapters.load_adapter` still loads them"
@@ -51,11 +52,6 @@ def _warn_lost(error: BaseException) -> None:
             "This PEFT version is outside the range hf_stable supports.",
             stacklevel=2,
         )
-
-
-def is_hf_stable_config(values: dict) -> bool:
-    """Whether a saved adapter config dictionary needs hf_stable (an hf_stable variant, or the saved marker)."""
-    return values.get("peft_type") == SAVED_PEFT_TYPE or any(values.get(key) for key in VARIANT_KEYS)
 
 
 def _wrap(config_module) -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from peft import LoraConfig
 
-from .._peft_hook import ADAPTER_VARIANTS, PEFT_TYPE, SAVED_PEFT_TYPE, VARIANT_KEYS
+from .._adapter_variants import ADAPTER_VARIANTS, PEFT_TYPE, SAVED_PEFT_TYPE, VARIANT_KEYS
+from .._version import __version__
 
 
 MAP_SCALE_WARNING = "have no effect under MAP"
@@ -138,8 +139,6 @@ class StableLoraConfig(LoraConfig):
     def to_dict(self) -> dict:
         values = super().to_dict()
         if self.hf_stable_variant:  # stamped at save time: the version that wrote the file
-            from .. import __version__
-
             values["hf_stable_version"] = __version__
             # a `peft_type` stock PEFT does not know: without hf_stable the load fails loudly instead of silently
             # building plain LoRA (see `hf_stable._peft_hook`)

@@ -13,7 +13,7 @@ import warnings
 
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from .._peft_hook import ADAPTER_VARIANTS
+from .._adapter_variants import ADAPTER_VARIANTS
 from .bounded import SineLinearVariant
 from .map import MapLinearVariant
 

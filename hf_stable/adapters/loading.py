@@ -15,7 +15,7 @@ import shutil
 
 import torch
 
-from .._peft_hook import ADAPTER_VARIANTS, is_hf_stable_config
+from .._adapter_variants import ADAPTER_VARIANTS, is_hf_stable_config
 
 
 logger = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 import torch
 
 from .._validation import check_bool
+from .._version import __version__
 
 
 TFB_FILE = "hf_stable_tfb.json"
@@ -511,8 +512,6 @@ def save_tfb(model, path: str) -> str:
     sampler = getattr(model, "tfb_sampler", None)
     if sampler is None:
         raise ValueError("The model has no TFB sampler to save; run tfb_bayesianize first.")
-    from .. import __version__
-
     os.makedirs(path, exist_ok=True)
     file = os.path.join(path, TFB_FILE)
     tmp = file + ".tmp"

@@ -11,7 +11,7 @@ import logging
 import torch
 from transformers import TrainerCallback
 
-from ..trainers.unlearning.reference import own_forward
+from ..stability.nograd import own_forward
 
 
 logger = logging.getLogger(__name__)

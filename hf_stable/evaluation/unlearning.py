@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .rows import _answer_column, pad_stream, tokenize_rows
 from .stats import (
     auc,
     ks_2samp_pvalue,
@@ -38,7 +39,6 @@ def score_rows(
 ) -> dict[str, torch.Tensor]:
     """Per tokenised row: ``mean_nll``, ``first_correct`` (bool), ``exact`` (bool) and ``min_k`` (score), `(N,)`."""
     from ..losses.unlearning import mean_nll, token_logps
-    from ..trainers.unlearning.data import pad_stream
 
     device = next(model.parameters()).device
     was_training = model.training
@@ -63,15 +63,11 @@ def score_rows(
 
 
 def _tokenize(dataset, tokenizer, max_length, name):
-    from ..trainers.unlearning.data import tokenize_rows
-
     return tokenize_rows(dataset, tokenizer, max_length, name)
 
 
 def _perturbed_nll(model, tokenizer, dataset, column, max_length, batch_size) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean NLL of the correct answer `(N,)` and of each perturbed answer `(N, P)`."""
-    from ..trainers.unlearning.data import _answer_column
-
     rows = list(dataset)
     answer = _answer_column(rows[0].keys())
     n_wrong = min(len(r[column]) for r in rows)
@@ -102,8 +98,7 @@ def relearn_attack(
     """Fine-tune a *copy* of ``model`` for ``steps`` AdamW steps on ``relearn`` rows (NLL on the answers) and return
     its accuracy / probability on ``relearn_test``. The original model is untouched."""
     from ..losses.unlearning import mean_nll, token_logps
-    from ..trainers.unlearning.data import pad_stream
-    from ..trainers.unlearning.reference import own_forward
+    from ..stability.nograd import own_forward
 
     # a deep copy of a TRL-trained model keeps TRL's fused-forward patch bound to the original: drop it
     attacker = own_forward(copy.deepcopy(model))

@@ -23,8 +23,9 @@ Behaviour policy: with TRL's vLLM importance-sampling correction on, ``old_per_t
 recomputation; the sampler mismatch is TRL's ratio's job); otherwise the sampler's ``sampling_per_token_logps`` when
 present (ESS then absorbs the mismatch), else ``old_per_token_logps``, else ``ℓ`` detached (on-policy).
 
-Pure torch. [`LossModeInputsMixin`] is the trainer seam that hands the mode the batch's extra tensors (reference and
-sampler log-probs, TRL's IS ratio) and logs its metrics ``stable/ess/{value,kl_behavior,capped_frac}``.
+Pure torch. The trainer seam that hands the mode the batch's extra tensors (reference and sampler log-probs, TRL's
+IS ratio) and logs its metrics ``stable/ess/{value,kl_behavior,capped_frac}`` is
+`hf_stable.trainers.loss_inputs.LossModeInputsMixin`.
 """
 
 from __future__ import annotations
@@ -38,12 +39,11 @@ from .._validation import choice
 from ..papers import PAPERS
 from ..registry import Field, Requires
 from .advantages import grpo_advantages
-from .policy import LOSS_MODES
+from .loss_modes import LOSS_MODES
 
 
 __all__ = [
     "ESSMode",
-    "LossModeInputsMixin",
     "effective_sample_size",
     "ess_policy_loss",
     "ess_sums",
@@ -272,24 +272,3 @@ class ESSMode:
         old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         return torch.exp(per_token_logps.float() - old.float())
 
-
-class LossModeInputsMixin:
-    """Mix into `StableGRPOTrainer` (before `GRPOTrainer` in the bases): a loss mode with ``bind_inputs`` sees the
-    whole batch dict while ``compute_loss`` runs (the reference and sampler log-probs and TRL's importance-sampling
-    ratio, which the mode interface does not pass), and its ``pop_metrics()`` are logged after it, averaged over
-    processes."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        mode = getattr(self, "_loss_mode", None)
-        bind = getattr(mode, "bind_inputs", None)
-        if bind is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        bind(inputs)
-        try:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        finally:
-            bind(None)
-        split = "train" if self.model.training else "eval"
-        for key, value in mode.pop_metrics().items():
-            self._metrics[split][key].append(self.accelerator.gather(value.detach()).float().mean().item())
-        return loss

@@ -26,12 +26,10 @@ import torch
 
 from .._validation import boolean, choice, number
 from ..papers import PAPERS
-from ..registry import Field, Registry, Requires
+from ..registry import Field, Requires
 from .advantages import CORRECTNESS_FIELDS, success_indicator
+from .loss_modes import LOSS_MODES
 
-
-# "ppo" is TRL's own clipped surrogate for its `loss_type`.
-LOSS_MODES = Registry("loss_mode", "policy losses that replace PPO-clip", builtin=("ppo",))
 
 # TRL < 1.16 let Liger's fused loss replace `_compute_loss`; from 1.16 on it applies only Liger's layer kernels
 # (`GRPOTrainer.__init__` refuses the fused linear cross-entropy), so the loss modes see every forward.
@@ -343,5 +341,6 @@ def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
     return x.reshape(-1, num_generations)
 
 
-# Loss modes in their own modules register when this one is imported: the registry never depends on import order.
+# Loss modes in their own modules register when this one is imported, after the modes above (the order of the
+# choices): the registry never depends on the order in which users import modules.
 from . import ess as _ess  # noqa: E402, F401

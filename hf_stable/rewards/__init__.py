@@ -1,7 +1,7 @@
 """Reward functions that ship with hf_stable, usable in TRL's `reward_funcs` (and by name from `hf-stable grpo`)."""
 
 from ..registry import Registry
-from ..testing.tasks import arithmetic_reward
+from .exact_match import arithmetic_reward
 from .majority import MajorityVoteReward, majority_vote_reward
 from .noise import noisy_reward
 from .stable_rank import StableRankReward, stable_rank

@@ -25,7 +25,6 @@ from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
-from ..losses.ess import LossModeInputsMixin
 from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
@@ -34,6 +33,7 @@ from ..stability.config import GRPO_GUARD_DEFAULTS
 from ..stability.signals import StabilitySignalsMixin
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
+from .loss_inputs import LossModeInputsMixin
 
 
 logger = logging.getLogger(__name__)

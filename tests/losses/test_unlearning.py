@@ -799,8 +799,9 @@ def test_sam_direction():
 def test_registries_names_papers_and_declared_fields():
     """Each loss is declared once: its paper, the config fields it reads (their defaults are the function's own) and
     the extra inputs it needs (parameters without a default)."""
-    assert FORGET_LOSSES.names() == ["ga", "npo", "simnpo", "flatten", "sga", "dmm"]
-    assert RETAIN_LOSSES.names() == ["nll", "kl", "none"]
+    # the built-in losses, in declaration order; a loss declared after them (docs/extending.md) follows them
+    assert FORGET_LOSSES.names()[:6] == ["ga", "npo", "simnpo", "flatten", "sga", "dmm"]
+    assert RETAIN_LOSSES.names()[:3] == ["nll", "kl", "none"]
     assert get_registry("unlearning_forget_loss") is FORGET_LOSSES
     assert get_registry("unlearning_retain_loss") is RETAIN_LOSSES
     for key, name in [("ga_unlearning", "ga"), ("npo", "npo"), ("simnpo", "simnpo"), ("pdu", "flatten")]:
