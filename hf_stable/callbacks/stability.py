@@ -651,7 +651,7 @@ class StabilityGuardCallback(_Attachable, _SelfRestoring, TrainerCallback):
     def _execute(self, decision: Decision, args, state, control, model, optimizer, lr_scheduler) -> None:
         trainer = self._trainer(state)
         self._snapshot_ops(decision, model, optimizer, lr_scheduler, trainer)
-        if decision.kind is not None:
+        if decision.anomalous:
             self.decisions.append(decision)
             self._report(decision, state)
         if decision.action in ("accept", "log"):
