@@ -97,7 +97,7 @@ def test_idle_count_survives_the_state_round_trip():
 # -- a sparse-reward GRPO run ---------------------------------------------------------------------------------------
 P_CORRECT = 0.07  # per completion: with 4 completions per step, about 1 step in 4 has a group with unequal rewards
 STEPS = 48
-GUARD = {"min_history": 5, "snapshot_every": 5}
+GUARD = {"guard_min_history": 5, "guard_snapshot_every": 5}
 
 
 def sparse_rollout(prompts, trainer):
@@ -121,7 +121,7 @@ def _sparse_grpo(output_dir, guard: bool, inject=None):
     model, tokenizer = build_tiny_model(seed=0)
     config = {**GRPO_ARGS, "max_steps": STEPS, "learning_rate": 0.05}
     if guard:
-        config.update(stability_guard=True, stability_guard_kwargs=GUARD)
+        config.update(stability_guard=True, **GUARD)
     args = StableGRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=4, **config)
     torch.manual_seed(0)
     trainer = StableGRPOTrainer(model=model, reward_funcs=[arithmetic_reward], args=args, processing_class=tokenizer,
@@ -145,7 +145,7 @@ def test_the_guard_takes_no_action_on_a_sparse_reward_run(clean_runs):
     (guarded, callback, grad_norms), (plain, _, plain_norms) = clean_runs
     learning = [s for s, g in grad_norms.items() if g > 0]
     # the premise: most steps have a zero gradient, and enough of them learn to fill the window
-    assert len(grad_norms) == STEPS and GUARD["min_history"] + 3 <= len(learning) <= STEPS // 2
+    assert len(grad_norms) == STEPS and GUARD["guard_min_history"] + 3 <= len(learning) <= STEPS // 2
     policy = callback.policy
     assert callback.decisions == []
     assert (policy.anomalies, policy.skips, policy.rollbacks) == (0, 0, 0)
@@ -160,7 +160,7 @@ def test_the_guard_takes_no_action_on_a_sparse_reward_run(clean_runs):
 def test_the_same_run_still_catches_an_injected_fault(clean_runs, tmp_path, kind, expected):
     (_, _, grad_norms), _ = clean_runs
     learning = [s for s, g in grad_norms.items() if g > 0]
-    fault = learning[GUARD["min_history"] + 1]  # a step that learns, once the window has its history
+    fault = learning[GUARD["guard_min_history"] + 1]  # a step that learns, once the window has its history
     _, callback, _ = _sparse_grpo(tmp_path, guard=True, inject={"kind": kind, "steps": [fault], "factor": 100.0})
     assert [(d.step, d.kind, d.action) for d in callback.decisions] == [(fault, expected, "skip")]
     if kind == "loss_scale":
