@@ -321,26 +321,31 @@ class GuardPolicy:
     )
 
     def state(self) -> dict:
-        """JSON-serialisable state. A pending candidate is not kept (snapshots do not survive a restart)."""
+        """JSON-serialisable state (the snapshots themselves are tensors: the caller saves them beside it)."""
         out = {k: getattr(self, k) for k in self._SCALARS}
         out.update(
             loss_window=self.loss_window.state(),
             grad_window=self.grad_window.state(),
             confirmed_steps=list(self.confirmed_steps),
+            candidate_step=self.candidate_step,
             action=self.action,
         )
         return out
 
-    def load_state(self, state: dict, confirmed_available: list[int] | None = None) -> None:
-        """Restore ``state()``; ``confirmed_available`` lists the confirmed snapshots that still exist (in-memory ones
-        are lost on restart, on-disk ones may be reused)."""
+    def load_state(
+        self, state: dict, confirmed_available: list[int] | None = None, candidate_available: bool = False
+    ) -> None:
+        """Restore ``state()``; ``confirmed_available`` lists the confirmed snapshots that still exist and
+        ``candidate_available`` says whether the pending candidate does (saved with a checkpoint, they all do; an
+        in-memory one that was not is lost, and the guard then takes a fresh snapshot at the next healthy step)."""
         for k in self._SCALARS:
             if k in state:
                 setattr(self, k, state[k])
         self.loss_window.load_state(state.get("loss_window", []))
         self.grad_window.load_state(state.get("grad_window", []))
         self.confirmed_steps = list(confirmed_available or [])
-        self.candidate_step = None
-        self.candidate_healthy = 0
-        if self.last_candidate_step is not None and not self.confirmed_steps:
-            self.last_candidate_step = None  # take a fresh snapshot at the first healthy step after resume
+        self.candidate_step = state.get("candidate_step") if candidate_available else None
+        if self.candidate_step is None:
+            self.candidate_healthy = 0
+            if self.last_candidate_step is not None and not self.confirmed_steps:
+                self.last_candidate_step = None

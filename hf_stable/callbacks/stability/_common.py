@@ -67,6 +67,35 @@ def _backend(args, model=None, optimizer=None) -> str:
     return "plain"
 
 
+_RESUME_ATTR = "_hf_stable_resume_dir"
+
+
+def _record_resume_dir(trainer) -> None:
+    """Remember the checkpoint ``trainer.train(resume_from_checkpoint=...)`` loads (transformers keeps no record of
+    it), so callbacks can read what they saved beside it. Wraps the instance's optimizer loading, once."""
+    if _RESUME_ATTR in trainer.__dict__ or not hasattr(trainer, "_load_optimizer_and_scheduler"):
+        return
+    setattr(trainer, _RESUME_ATTR, None)
+    load = trainer._load_optimizer_and_scheduler
+
+    def _load_optimizer_and_scheduler(checkpoint, *args, **kwargs):
+        setattr(trainer, _RESUME_ATTR, checkpoint)
+        return load(checkpoint, *args, **kwargs)
+
+    trainer._load_optimizer_and_scheduler = _load_optimizer_and_scheduler
+
+
+def resume_dir(args, state, trainer=None) -> str | None:
+    """The checkpoint a resumed run started from: the one the trainer loaded, else ``args.resume_from_checkpoint``,
+    else ``output_dir/checkpoint-<global_step>``; None when none of them is a folder."""
+    options = [
+        getattr(trainer, _RESUME_ATTR, None),
+        args.resume_from_checkpoint if isinstance(args.resume_from_checkpoint, str) else None,
+        os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
+    ]
+    return next((path for path in options if path and os.path.isdir(path)), None)
+
+
 class _Attachable:
     """``Callback.attach(trainer, **kwargs)``: build the callback, install what it needs on ``trainer``, add it."""
 
@@ -78,6 +107,7 @@ class _Attachable:
         if cls.needs_signals:
             install_signals(trainer)
         install_metrics_hook(trainer)
+        _record_resume_dir(trainer)
         callback._trainer_ref = weakref.ref(trainer)
         trainer.add_callback(callback)
         return callback

@@ -23,11 +23,14 @@ from ._common import (
     _SelfRestoring,
     _warn_once,
     _world_size,
+    resume_dir,
 )
-from .guard_extras import _GuardDeepSpeed, _GuardProbe, report
+from .guard_extras import SNAPSHOT_DIR, _GuardCheckpoint, _GuardDeepSpeed, _GuardProbe, report, saved_index
 
 
-class StabilityGuardCallback(_GuardProbe, _GuardDeepSpeed, _Attachable, _SelfRestoring, TrainerCallback):
+class StabilityGuardCallback(
+    _GuardProbe, _GuardDeepSpeed, _GuardCheckpoint, _Attachable, _SelfRestoring, TrainerCallback
+):
     """Detect loss and gradient-norm spikes, then skip the poisoned update or roll back to a confirmed snapshot.
 
     Detection (per optimizer step, on all-reduced values): the step is anomalous if its loss or pre-clip global grad
@@ -104,6 +107,7 @@ class StabilityGuardCallback(_GuardProbe, _GuardDeepSpeed, _Attachable, _SelfRes
         self._lr_multiplier: float | None = None
         self._scale_before: float | None = None
         self._exhausted_stop = False
+        self._resume_folder: str | None = None
         self._trainer_ref = None
 
     # -- state ------------------------------------------------------------------------------------------------
@@ -115,9 +119,14 @@ class StabilityGuardCallback(_GuardProbe, _GuardDeepSpeed, _Attachable, _SelfRes
 
     def _import(self, payload: dict) -> None:
         self.probe_filter.load_state(payload.get("probe", {}))
+        index = {"confirmed": payload.get("confirmed_steps", []), "candidate": payload.get("candidate_step")}
+        if self._resume_folder is not None and saved_index(self._resume_folder) == index:
+            self.store.import_from(self._resume_folder, index)  # exactly the snapshots held at the save
+            self.policy.load_state(payload, index["confirmed"], candidate_available=index["candidate"] is not None)
+            return
         available = []
         if self.store is not None and self.store.storage == "disk":
-            available = [s for s in self.store.confirmed_steps if s in payload.get("confirmed_steps", [])]
+            available = [s for s in self.store.confirmed_steps if s in index["confirmed"]]
         self.policy.load_state(payload, confirmed_available=available)
 
     # -- metrics ----------------------------------------------------------------------------------------------
@@ -179,6 +188,8 @@ class StabilityGuardCallback(_GuardProbe, _GuardDeepSpeed, _Attachable, _SelfRes
         )
         if state.global_step > 0 and self.config.snapshot_storage == "disk":
             self.store.adopt_disk_snapshots(state.global_step)
+        resumed_from = resume_dir(args, state, self._trainer(state)) if state.global_step > 0 else None
+        self._resume_folder = None if resumed_from is None else os.path.join(resumed_from, SNAPSHOT_DIR, self.name)
         self._self_restore(state)
         trainer = self._trainer()
         if trainer is not None and not signals_installed(trainer):

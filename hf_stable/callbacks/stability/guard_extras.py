@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ...stability.guard import Decision
 from ._common import _PROBE_SETS, _prompt_completion_batch, _world_size, logger
+
+
+SNAPSHOT_DIR = "stable_guard"  # inside a checkpoint: <checkpoint>/stable_guard/<name>/{index.json, <slot>/}
+
+
+def save_snapshots(store, folder: str) -> None:
+    """The store's snapshots (safetensors + optimizer state) under ``folder``, with ``index.json`` written last: a
+    folder without it is incomplete and ignored on resume."""
+    index = store.export_to(folder)
+    with open(os.path.join(folder, "index.json"), "w", encoding="utf-8") as f:
+        json.dump(index, f)
+
+
+def saved_index(folder: str) -> dict | None:
+    """``{"confirmed": [steps], "candidate": step or None}`` of the snapshots saved in ``folder``; None if none."""
+    path = os.path.join(folder, "index.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class _GuardCheckpoint:
+    """The snapshots travel with each checkpoint."""
+
+    def on_save(self, args, state, control, **kwargs):
+        """Write the held snapshots into the checkpoint (after transformers wrote it): a resumed run then holds the
+        same snapshots as an uninterrupted one. The JSON state (windows, counters) is in ``trainer_state.json``."""
+        if self._backend == "deepspeed" or not self.policy.uses_snapshots or not state.is_world_process_zero:
+            return
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(folder):
+            save_snapshots(self.store, os.path.join(folder, SNAPSHOT_DIR, self.name))
 
 
 def report(decision: Decision, state) -> None:
