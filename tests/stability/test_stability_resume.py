@@ -5,6 +5,8 @@ Each case trains 10 steps with AdamW, saving at step 5; a second trainer resumes
 folder. A gradient ×100 at step 8 makes the guard roll back after the resume point, to the snapshot it took before it.
 """
 
+import json
+
 import pytest
 import torch
 from grpo_helpers import GRPO_ARGS, deterministic_rollout
@@ -62,6 +64,9 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(tmp_path, kind, ca
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / f"checkpoint-{SAVE}"))
     assert resumed.state.global_step == full.state.global_step == STEPS
     if callback == "guard":  # the guard acted after the resume point, in both runs
+        index = tmp_path / "full" / f"checkpoint-{SAVE}" / "stable_guard" / "guard" / "index.json"
+        saved = json.loads(index.read_text())
+        assert saved == {"candidate": SAVE, "confirmed": [2]}
         assert (FAULT, "grad", "rollback", SAVE) in _decisions(full)
         assert [d for d in _decisions(full) if d[0] > SAVE] == _decisions(resumed)
     if callback.startswith("clip"):
@@ -100,8 +105,6 @@ def test_store_export_and_import_round_trip_every_slot(tmp_path, storage):
 
 
 def test_policy_with_its_candidate_continues_identically():
-    import json
-
     from hf_stable.stability.guard import GuardPolicy
 
     def policy():

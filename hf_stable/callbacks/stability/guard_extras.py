@@ -36,14 +36,21 @@ def saved_index(folder: str) -> dict | None:
 class _GuardCheckpoint:
     """The snapshots travel with each checkpoint."""
 
-    def on_save(self, args, state, control, **kwargs):
-        """Write the held snapshots into the checkpoint (after transformers wrote it): a resumed run then holds the
-        same snapshots as an uninterrupted one. The JSON state (windows, counters) is in ``trainer_state.json``."""
+    _saved_into: tuple[str, int] | None = None  # (folder, step) of the last save_to_checkpoint
+
+    def save_to_checkpoint(self, folder: str, state) -> None:
+        """Write the held snapshots under ``folder`` (a checkpoint being written: a trainer that saves atomically
+        calls this before its final rename; otherwise ``on_save`` does, after transformers wrote the checkpoint)."""
         if self._backend == "deepspeed" or not self.policy.uses_snapshots or not state.is_world_process_zero:
             return
+        save_snapshots(self.store, os.path.join(folder, SNAPSHOT_DIR, self.name))
+        self._saved_into = (folder, state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if os.path.isdir(folder):
-            save_snapshots(self.store, os.path.join(folder, SNAPSHOT_DIR, self.name))
+        already = self._saved_into is not None and self._saved_into[1] == state.global_step
+        if os.path.isdir(folder) and not already:
+            self.save_to_checkpoint(folder, state)
 
 
 def report(decision: Decision, state) -> None:
