@@ -38,6 +38,7 @@ class StabilityGuardCallback(
     ``grad_z``/``grad_ratio`` on the log grad norm; ``None`` disables a signal) over the last ``window`` accepted
     steps, once ``min_history`` are accepted. Action (`hf_stable.stability.guard`): ``"skip_then_rollback"`` (skip up
     to ``skips_before_rollback`` consecutive anomalies, then roll back), ``"skip"``, ``"rollback"`` or ``"log"``.
+    A step whose gradient norm is exactly 0 (GRPO groups with equal rewards) is idle: never scored, never in a window.
 
     A skip sets ``p.grad = None`` on every parameter (never zeroing: zeroed grads still move AdamW through its momentum
     and weight decay); under fp16 the GradScaler is made to skip the step and its scale is put back. The scheduler
