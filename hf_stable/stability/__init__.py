@@ -1,7 +1,7 @@
 """Pure statistics, matrix functions, snapshots and decision logic shared by the stability callbacks.
 
-Nothing here imports transformers or trl (only torch and safetensors): the callbacks in
-`hf_stable.callbacks.stability` and `hf_stable.callbacks.monitors` are the plumbing around these functions.
+Nothing here imports transformers or trl (only torch and safetensors), nor anything above this layer: the callbacks
+in `hf_stable.callbacks.stability` and `hf_stable.callbacks.monitors` are the plumbing around these functions.
 
 | module | holds |
 |---|---|
@@ -12,6 +12,8 @@ Nothing here imports transformers or trl (only torch and safetensors): the callb
 | `signals` | `StepSignals`, `StabilitySignalsMixin`, `install_signals` (loss and pre-clip grad norm of each step) |
 | `clip` | component-wise clipping: parameter groups, group norms, fixed and AdaGC coefficients |
 | `nograd` | `NoGradientError`, foreign-forward detection (`own_forward`), `OwnForwardMixin` for SFT trainers |
+| `options` | `option`, `Options`, `config_fields`: typed options declared once, generating config fields |
+| `callback_configs` | `GuardConfig`, `ComponentClipConfig`, `DegenerateRunConfig`: the callback families' options |
 | `config` | the stability fields of the hf_stable configs (`StabilityConfigMixin`, `GRPOStabilityConfigMixin`) |
 | `degenerate` | `DegenerateRunMonitor`: degenerate GRPO runs from TRL's metrics |
 | `matrix` | stable rank, power iteration, msign (SVD / Newton–Schulz), the MSign correction |

@@ -1,10 +1,17 @@
-"""The stability fields of the hf_stable configs, declared once and inherited by `StableSFTConfig`,
-`StableGRPOConfig` (which adds the degenerate-run fields) and `UnlearningConfig`.
+"""The stability fields of the hf_stable configs, inherited by `StableSFTConfig`, `StableGRPOConfig` (which adds the
+degenerate-run fields) and `UnlearningConfig`.
 
-Each field shadows a callback of `hf_stable.callbacks.stability`; the trainer adds the callbacks the config asks for
-at the end of its ``__init__`` (`add_stability_callbacks`). Everything is off by default except the two detectors,
+Three switches are written here (``stability_guard``, ``no_gradient_check``, ``degenerate_run_warnings``); every
+option of a callback family is *generated* from its options class (`hf_stable.stability.callback_configs`), so it is
+declared once: ``guard_<option>`` from `GuardConfig`, ``component_clip_<option>`` from `ComponentClipConfig` (the
+family is on when ``component_clip_max_norm`` is set) and ``degenerate_<option>`` from `DegenerateRunConfig`. The
+trainer adds the callbacks the config asks for at the end of its ``__init__``
+(`hf_stable.callbacks.stability.add_stability_callbacks`). Everything is off by default except the two detectors,
 which only raise (no gradient at all) or log (degenerate GRPO run), so a default config trains exactly like its TRL
 parent.
+
+``stability_guard_kwargs`` (a dict of guard options) is deprecated: still accepted for one release, with a
+FutureWarning naming the ``guard_*`` fields it is mapped onto.
 
 The mixins are dataclasses placed *before* the TRL/transformers config in the bases, so their fields come after the
 parent's (``output_dir`` stays the first positional field) and their ``__post_init__`` runs the parent's first.
@@ -12,34 +19,38 @@ parent's (``output_dir`` stays the first positional field) and their ``__post_in
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
-from .._validation import check_bool, check_choice, check_int, check_number
+from .._validation import check_bool
+from .callback_configs import CLIP_GROUPS, ComponentClipConfig, DegenerateRunConfig, GuardConfig
+from .options import changed_fields, check_config_fields, config_field_name, config_fields, options_from
 
 
 __all__ = [
     "CLIP_GROUPS",
+    "CLIP_PREFIX",
+    "DEGENERATE_PREFIX",
     "GRPO_GUARD_DEFAULTS",
+    "GUARD_PREFIX",
     "GRPOStabilityConfigMixin",
     "StabilityConfigMixin",
     "guard_kwarg_names",
+    "guard_kwargs_to_fields",
 ]
 
-CLIP_GROUPS = ("param", "module", "layer")
+GUARD_PREFIX, CLIP_PREFIX, DEGENERATE_PREFIX = "guard_", "component_clip_", "degenerate_"
 # A GRPO loss sits around 0 whatever the policy does (group-centred advantages): it carries no spike information, so
-# the guard watches the gradient norm only unless the user's `stability_guard_kwargs` say otherwise.
+# the guard watches the gradient norm only unless the config says otherwise (`guard_loss_z`).
 GRPO_GUARD_DEFAULTS = {"loss_z": None}
 
 
 def guard_kwarg_names() -> list[str]:
-    """The keyword arguments `StabilityGuardCallback` takes (the keys `stability_guard_kwargs` accepts)."""
-    from ..callbacks.stability import StabilityGuardCallback
-
-    params = inspect.signature(StabilityGuardCallback.__init__).parameters
-    return [name for name in params if name != "self"]
+    """The options of `StabilityGuardCallback` (the keys the deprecated `stability_guard_kwargs` accepts)."""
+    return [f.name for f in dataclasses.fields(GuardConfig)] + ["probe_dataset"]
 
 
 def _parse_kwargs(value: Any) -> dict | None:
@@ -54,26 +65,46 @@ def _parse_kwargs(value: Any) -> dict | None:
     return value
 
 
-def _check_guard_kwargs(kwargs: dict, defaults: dict) -> None:
-    from ..callbacks.stability import StabilityGuardCallback
-
+def guard_kwargs_to_fields(kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split deprecated ``stability_guard_kwargs`` into ``({config field: value}, {option without a field: value})``,
+    refusing an unknown key by name."""
     allowed = guard_kwarg_names()
+    flags = {f.name for f in GuardConfig.flags()}
     for key in kwargs:
         if key not in allowed:
             raise ValueError(
                 f"`stability_guard_kwargs` has an unknown key {key!r}. Allowed keys: {', '.join(allowed)}."
             )
-    try:  # the callback's own checks, which name the key; it is built for real by the trainer
-        StabilityGuardCallback(**{**defaults, **kwargs})
+    mapped = {config_field_name(GUARD_PREFIX, k): v for k, v in kwargs.items() if k in flags}
+    return mapped, {k: v for k, v in kwargs.items() if k not in flags}
+
+
+def _warn_deprecated(mapped: dict[str, Any], extras: dict[str, Any]) -> None:
+    new = ", ".join(f"{k}={v!r}" for k, v in mapped.items()) or "(no config field)"
+    kept = f"; {', '.join(extras)} have no config field: pass them to StabilityGuardCallback" if extras else ""
+    warnings.warn(
+        f"`stability_guard_kwargs` is deprecated and will be removed in the next release: set the config fields "
+        f"{new} instead{kept}.",
+        FutureWarning,
+        stacklevel=4,
+    )
+
+
+def _guard_options(config) -> dict[str, Any]:
+    """The guard options of ``config``'s fields, checked together by `GuardConfig` (which names the option)."""
+    options = options_from(config, GuardConfig, GUARD_PREFIX)
+    try:
+        GuardConfig(**options)
     except (ValueError, TypeError) as error:
-        raise type(error)(f"`stability_guard_kwargs`: {error}") from None
+        raise type(error)(f"stability_guard (fields {GUARD_PREFIX}*): {error}") from None
+    return options
 
 
 @dataclass
+@config_fields(ComponentClipConfig, CLIP_PREFIX, defaults={"max_norm": None})
+@config_fields(GuardConfig, GUARD_PREFIX)
 class StabilityConfigMixin:
     """The stability fields every hf_stable config has (see `docs/stability.md`, "Config flags")."""
-
-    _guard_defaults = {}  # a trainer's own guard defaults, which `stability_guard_kwargs` override
 
     stability_guard: bool = field(
         default=False,
@@ -82,8 +113,8 @@ class StabilityConfigMixin:
     stability_guard_kwargs: dict | str | None = field(
         default=None,
         metadata={
-            "help": 'Arguments of StabilityGuardCallback, e.g. {"action": "skip", "snapshot_every": 20} (a JSON '
-            "string on the command line). Needs stability_guard=True."
+            "help": "Deprecated (removed in the next release): a dict of StabilityGuardCallback options; set the "
+            "guard_* fields instead."
         },
     )
     no_gradient_check: bool = field(
@@ -92,14 +123,6 @@ class StabilityConfigMixin:
             "help": "Raise NoGradientError when no trainable parameter gets a gradient at the first step (or the "
             "model is frozen), naming the cause."
         },
-    )
-    component_clip_max_norm: float | None = field(
-        default=None,
-        metadata={"help": "Component-wise gradient clipping bound (arXiv 2210.10325); None: off."},
-    )
-    component_clip_groups: str = field(
-        default="param",
-        metadata={"help": "Groups of component-wise clipping: 'param', 'module' or 'layer'."},
     )
 
     def __post_init__(self):
@@ -110,68 +133,75 @@ class StabilityConfigMixin:
         check_bool("stability_guard", self.stability_guard)
         check_bool("no_gradient_check", self.no_gradient_check)
         self.stability_guard_kwargs = _parse_kwargs(self.stability_guard_kwargs)
+        if self.stability_guard_kwargs:
+            if not self.stability_guard:
+                raise ValueError(
+                    "`stability_guard_kwargs` is set but `stability_guard` is False: they would be ignored. Set "
+                    "stability_guard=True, or drop the kwargs."
+                )
+            self._map_guard_kwargs()
+        check_config_fields(self, GuardConfig, GUARD_PREFIX)
         if self.stability_guard:
-            _check_guard_kwargs(self.stability_guard_kwargs or {}, self._guard_defaults)
-        elif self.stability_guard_kwargs:
-            raise ValueError(
-                "`stability_guard_kwargs` is set but `stability_guard` is False: they would be ignored. Set "
-                "stability_guard=True, or drop the kwargs."
-            )
-        check_number("component_clip_max_norm", self.component_clip_max_norm, low=0, low_open=True, allow_none=True)
-        check_choice("component_clip_groups", self.component_clip_groups, CLIP_GROUPS)
-        if self.component_clip_max_norm is None and self.component_clip_groups != "param":
-            raise ValueError(
-                f"`component_clip_groups`={self.component_clip_groups!r} needs `component_clip_max_norm` (component "
-                "clipping is off without it)."
-            )
+            _guard_options(self)
+        else:
+            self._refuse_when_off(GUARD_PREFIX, "`stability_guard` is False")
+        check_config_fields(self, ComponentClipConfig, CLIP_PREFIX)
+        if self.component_clip_max_norm is None:
+            self._refuse_when_off(CLIP_PREFIX, "component clipping is off without `component_clip_max_norm`")
 
+    def _map_guard_kwargs(self) -> None:
+        mapped, extras = guard_kwargs_to_fields(self.stability_guard_kwargs)
+        defaults = {f.name: f.default for f in dataclasses.fields(type(self))}
+        for name, value in mapped.items():
+            current = getattr(self, name)
+            if current != defaults[name] and current != value:
+                raise ValueError(
+                    f"`{name}`={current!r} and `stability_guard_kwargs` {{{name[len(GUARD_PREFIX):]!r}: {value!r}}} "
+                    "disagree; set the field only (the kwargs are deprecated)."
+                )
+            setattr(self, name, value)
+        _warn_deprecated(mapped, extras)
 
-# config field -> (GRPODegenerateRunCallback argument, bounds of its check)
-_DEGENERATE_THRESHOLDS = {
-    "degenerate_patience": ("patience", dict(low=1)),
-    "degenerate_zero_std_min": ("zero_std_min", dict(low=0, high=1)),
-    "degenerate_clipped_ratio_min": ("clipped_ratio_min", dict(low=0, high=1)),
-    "degenerate_entropy_min": ("entropy_min", dict(low=0)),
-    "degenerate_kl_max": ("kl_max", dict(low=0)),
-}
+    def _refuse_when_off(self, prefix: str, why: str) -> None:
+        changed = changed_fields(self, prefix)
+        if changed:
+            raise ValueError(f"`{changed[0]}` is set but {why}: it would be ignored.")
+
+    def guard_options(self) -> dict[str, Any]:
+        """The `StabilityGuardCallback` options these fields give (plus the deprecated kwargs without a field)."""
+        extras = guard_kwargs_to_fields(self.stability_guard_kwargs or {})[1]
+        return {**options_from(self, GuardConfig, GUARD_PREFIX), **extras}
+
+    def component_clip_options(self) -> dict[str, Any]:
+        """The `ComponentClipCallback` options these fields give."""
+        return options_from(self, ComponentClipConfig, CLIP_PREFIX)
 
 
 @dataclass
+@config_fields(DegenerateRunConfig, DEGENERATE_PREFIX)
 class GRPOStabilityConfigMixin(StabilityConfigMixin):
     """`StabilityConfigMixin` plus the degenerate-run warnings of GRPO (on by default: they only log). Thresholds
     follow Axolotl's training-stability guide (see `docs/stability.md`)."""
 
-    _guard_defaults = GRPO_GUARD_DEFAULTS
-
+    guard_loss_z: float | None = field(
+        default=GRPO_GUARD_DEFAULTS["loss_z"],
+        metadata={
+            "help": "Robust z threshold of a loss spike; None (GRPO's default: its loss sits around 0 and carries no "
+            "spike information): the loss is not watched."
+        },
+    )
     degenerate_run_warnings: bool = field(
         default=True,
         metadata={"help": "Warn when a GRPO run cannot learn (GRPODegenerateRunCallback); it only logs."},
     )
-    degenerate_patience: int = field(
-        default=3, metadata={"help": "Consecutive logs a degenerate condition must hold before it is reported."}
-    )
-    degenerate_zero_std_min: float = field(
-        default=0.99, metadata={"help": "frac_reward_zero_std at or above which groups carry no signal."}
-    )
-    degenerate_clipped_ratio_min: float = field(
-        default=0.99, metadata={"help": "completions/clipped_ratio at or above which completions are all truncated."}
-    )
-    degenerate_entropy_min: float = field(default=0.01, metadata={"help": "Entropy below which the policy collapsed."})
-    degenerate_kl_max: float = field(default=2.0, metadata={"help": "KL above which the policy has drifted away."})
 
     def _check_stability_fields(self) -> None:
         super()._check_stability_fields()
         check_bool("degenerate_run_warnings", self.degenerate_run_warnings)
-        check_int("degenerate_patience", self.degenerate_patience, low=1)
-        for name, (_, bounds) in _DEGENERATE_THRESHOLDS.items():
-            if name != "degenerate_patience":
-                check_number(name, getattr(self, name), **bounds)
+        check_config_fields(self, DegenerateRunConfig, DEGENERATE_PREFIX)
         if not self.degenerate_run_warnings:
-            defaults = {f.name: f.default for f in fields(GRPOStabilityConfigMixin)}
-            changed = [n for n in _DEGENERATE_THRESHOLDS if getattr(self, n) != defaults[n]]
-            if changed:
-                raise ValueError(f"`{changed[0]}` is set but `degenerate_run_warnings` is False: it would be ignored.")
+            self._refuse_when_off(DEGENERATE_PREFIX, "`degenerate_run_warnings` is False")
 
     def degenerate_kwargs(self) -> dict:
-        """The `GRPODegenerateRunCallback` arguments these fields give."""
-        return {param: getattr(self, name) for name, (param, _) in _DEGENERATE_THRESHOLDS.items()}
+        """The `GRPODegenerateRunCallback` options these fields give."""
+        return options_from(self, DegenerateRunConfig, DEGENERATE_PREFIX)

@@ -9,8 +9,9 @@ the same branch.
 
 Per step ``t`` (1-based):
 
-1. ``kind = "nonfinite"`` if the loss or the norm is NaN/Inf; else ``"loss"``/``"grad"`` by the spike rules of
-   `hf_stable.stability.stats` (checked only once the windows hold ``min_history`` values); else healthy.
+1. ``kind = "nonfinite"`` if the loss or the norm is NaN/Inf; else, if the gradient norm is exactly 0, the step is
+   *idle* (below); else ``"loss"``/``"grad"`` by the spike rules of `hf_stable.stability.stats` (checked only once the
+   windows hold ``min_history`` values); else healthy.
 2. Healthy: both values enter their windows, ``consecutive = 0``; the pending candidate snapshot counts one more
    healthy step and is confirmed after ``confirm_steps`` of them; a new candidate is taken when none is pending, the
    windows are full enough and ``snapshot_every`` steps passed since the last one; the LR cooldown multiplier is
@@ -23,6 +24,12 @@ Per step ``t`` (1-based):
    older is used. ``consecutive = 0`` and the cooldown restarts. With no confirmed snapshot yet the guard skips. Once
    ``rollbacks > max_rollbacks``: restore, then ``on_exhausted`` ("stop", "raise", or "continue" = keep training and
    only log from then on, since skipping forever would freeze the run).
+
+Idle steps (gradient norm exactly 0, e.g. a GRPO step whose groups all got equal rewards, the normal case with
+sparse 0/1 rewards): the batch moved nothing, so its values say nothing about the scale of a real update. They are
+not scored and enter neither window (``idle += 1``); otherwise they count as healthy (snapshots, cooldown). Letting
+them in made the window of a sparse-reward run mostly ``log(0 + eps)``, with MAD 0, and every step that learned scored
+z ≈ 570 and was skipped or rolled back.
 
 Why skip first: a corrupted batch gives a spike *before* any damage, so dropping that one update is enough; a
 destabilising update (an LR blow-up) shows on the following steps, on every batch, so the anomaly persists through the
@@ -50,9 +57,11 @@ ON_EXHAUSTED = ("stop", "raise", "continue")
 class Decision:
     """What to do at one optimizer step.
 
-    ``action``: "accept" (healthy), "log" (anomalous, update applied), "skip", "rollback", "stop" or "raise" (the last
-    two after restoring ``restore_step``). ``ops``: snapshot operations in order among "discard" (the candidate),
-    "drop_newest" (confirmed), "confirm" (the candidate) and "candidate" (take one now, before this update).
+    ``kind``: None (healthy), "idle" (zero gradient, accepted unscored), "nonfinite", "loss", "grad" or "probe".
+    ``action``: "accept" (healthy or idle), "log" (anomalous, update applied), "skip", "rollback", "stop" or "raise"
+    (the last two after restoring ``restore_step``). ``ops``: snapshot operations in order among "discard" (the
+    candidate), "drop_newest" (confirmed), "confirm" (the candidate) and "candidate" (take one now, before this
+    update).
     """
 
     step: int
@@ -64,6 +73,10 @@ class Decision:
     ops: list[str] = field(default_factory=list)
     lr_multiplier: float = 1.0
     reason: str = ""
+
+    @property
+    def anomalous(self) -> bool:
+        return self.kind not in (None, "idle")
 
     @property
     def drops_update(self) -> bool:
@@ -110,6 +123,7 @@ class GuardPolicy:
         self.loss_window = RobustWindow(window, min_history)
         self.grad_window = RobustWindow(window, min_history)
         self.accepted = 0
+        self.idle = 0
         self.anomalies = 0
         self.skips = 0
         self.rollbacks = 0
@@ -162,10 +176,13 @@ class GuardPolicy:
         return multiplier
 
     def _accept(self, step: int, loss: float | None, grad_norm: float | None, decision: Decision) -> None:
-        if loss is not None and self.loss_rule is not None:
-            self.loss_window.push(self.loss_rule.transform(loss))
-        if grad_norm is not None and self.grad_rule is not None:
-            self.grad_window.push(self.grad_rule.transform(grad_norm))
+        if decision.kind == "idle":
+            self.idle += 1
+        else:
+            if loss is not None and self.loss_rule is not None:
+                self.loss_window.push(self.loss_rule.transform(loss))
+            if grad_norm is not None and self.grad_rule is not None:
+                self.grad_window.push(self.grad_rule.transform(grad_norm))
         self.accepted += 1
         self.consecutive = 0
         self.prev_kind = None
@@ -188,8 +205,20 @@ class GuardPolicy:
         self.candidate_step = None
         del self.confirmed_steps[: max(0, len(self.confirmed_steps) - self.snapshot_history)]
 
+    @staticmethod
+    def is_idle(loss: float | None, grad_norm: float | None, nonfinite: bool = False) -> bool:
+        """A step with a finite loss and a gradient norm of exactly 0: nothing to score (module docstring)."""
+        return grad_norm == 0.0 and not nonfinite and (loss is None or math.isfinite(loss))
+
     def decide(self, step: int, loss: float | None, grad_norm: float | None, nonfinite: bool = False) -> Decision:
-        """Decide for optimizer step ``step`` from reduced values (``None`` = signal unavailable)."""
+        """Decide for optimizer step ``step`` from reduced values (``None`` = signal unavailable). An idle step gives
+        ``Decision(kind="idle", action="accept")`` with NaN z-scores."""
+        if self.is_idle(loss, grad_norm, nonfinite):
+            self.loss_z = self.grad_z = math.nan
+            decision = Decision(step=step, kind="idle", action="accept")
+            self._accept(step, loss, grad_norm, decision)
+            decision.lr_multiplier = self.lr_multiplier = self._cooldown()
+            return decision
         kind = self._classify(loss, grad_norm, nonfinite)
         decision = Decision(step=step, kind=kind, action="accept", loss_z=self.loss_z, grad_z=self.grad_z)
         if kind is None:
@@ -264,6 +293,7 @@ class GuardPolicy:
         """A number that differs when two ranks' states differ (compared across ranks as a safety net)."""
         return float(
             self.accepted
+            + 17 * self.idle
             + 3 * self.anomalies
             + 5 * self.skips
             + 7 * self.rollbacks
@@ -275,6 +305,7 @@ class GuardPolicy:
 
     _SCALARS = (
         "accepted",
+        "idle",
         "anomalies",
         "skips",
         "rollbacks",
@@ -290,26 +321,31 @@ class GuardPolicy:
     )
 
     def state(self) -> dict:
-        """JSON-serialisable state. A pending candidate is not kept (snapshots do not survive a restart)."""
+        """JSON-serialisable state (the snapshots themselves are tensors: the caller saves them beside it)."""
         out = {k: getattr(self, k) for k in self._SCALARS}
         out.update(
             loss_window=self.loss_window.state(),
             grad_window=self.grad_window.state(),
             confirmed_steps=list(self.confirmed_steps),
+            candidate_step=self.candidate_step,
             action=self.action,
         )
         return out
 
-    def load_state(self, state: dict, confirmed_available: list[int] | None = None) -> None:
-        """Restore ``state()``; ``confirmed_available`` lists the confirmed snapshots that still exist (in-memory ones
-        are lost on restart, on-disk ones may be reused)."""
+    def load_state(
+        self, state: dict, confirmed_available: list[int] | None = None, candidate_available: bool = False
+    ) -> None:
+        """Restore ``state()``; ``confirmed_available`` lists the confirmed snapshots that still exist and
+        ``candidate_available`` says whether the pending candidate does (saved with a checkpoint, they all do; an
+        in-memory one that was not is lost, and the guard then takes a fresh snapshot at the next healthy step)."""
         for k in self._SCALARS:
             if k in state:
                 setattr(self, k, state[k])
         self.loss_window.load_state(state.get("loss_window", []))
         self.grad_window.load_state(state.get("grad_window", []))
         self.confirmed_steps = list(confirmed_available or [])
-        self.candidate_step = None
-        self.candidate_healthy = 0
-        if self.last_candidate_step is not None and not self.confirmed_steps:
-            self.last_candidate_step = None  # take a fresh snapshot at the first healthy step after resume
+        self.candidate_step = state.get("candidate_step") if candidate_available else None
+        if self.candidate_step is None:
+            self.candidate_healthy = 0
+            if self.last_candidate_step is not None and not self.confirmed_steps:
+                self.last_candidate_step = None

@@ -234,6 +234,34 @@ class SnapshotStore:
         self.confirmed = sorted(steps)[-self.history :] if self.history else []
         return list(self.confirmed)
 
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def export_to(self, folder: str) -> dict:
+        """Write every held snapshot under ``folder/<slot>/`` (the disk format) and return ``{"candidate": step or
+        None, "confirmed": [steps]}``: what a resumed run needs to continue exactly as if never stopped."""
+        slots = [("candidate", self.candidate)] + [(f"confirmed-{self._step(s)}", s) for s in self.confirmed]
+        for slot, item in slots:
+            if item is not None:
+                _write_snapshot(self._load_any(item, slot), os.path.join(folder, slot))
+        return {"candidate": self.candidate_step, "confirmed": self.confirmed_steps}
+
+    def import_from(self, folder: str, index: dict) -> None:
+        """Replace the held snapshots by those ``export_to`` wrote to ``folder`` (``index`` is what it returned)."""
+        self.clear()
+        for step in index.get("confirmed", []):
+            snapshot = _read_snapshot(os.path.join(folder, f"confirmed-{step}"))
+            if self.storage == "disk":
+                self._write(snapshot, f"confirmed-{step}")
+                self.confirmed.append(step)
+            else:
+                self.confirmed.append(snapshot)
+        if index.get("candidate") is not None:
+            self.put_candidate(_read_snapshot(os.path.join(folder, "candidate")))
+
+    def _load_any(self, item: Snapshot | int, slot: str) -> Snapshot:
+        if isinstance(item, Snapshot):
+            return item
+        return _read_snapshot(self._dir(slot))
+
     # -- disk ---------------------------------------------------------------------------------------------------
     def _dir(self, slot: str) -> str:
         return os.path.join(self.folder, slot)
@@ -244,39 +272,46 @@ class SnapshotStore:
 
     def _write(self, snapshot: Snapshot, slot: str) -> int:
         if self.writer:
-            from safetensors.torch import save_file
-
             os.makedirs(self.folder, exist_ok=True)
-            tmp = self._dir(f".{slot}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-            save_file({k: v.contiguous() for k, v in snapshot.params.items()}, os.path.join(tmp, "params.safetensors"))
-            torch.save(
-                {"optimizer": snapshot.optimizer, "scheduler": snapshot.scheduler, "scaler": snapshot.scaler},
-                os.path.join(tmp, "state.pt"),
-            )
-            with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-                json.dump({"step": snapshot.step, **snapshot.meta}, f)
-            _replace_dir(tmp, self._dir(slot))
+            _write_snapshot(snapshot, self._dir(slot))
         return snapshot.step
 
     def _load(self, item: Snapshot | int) -> Snapshot:
-        if isinstance(item, Snapshot):
-            return item
-        from safetensors.torch import load_file
+        return self._load_any(item, f"confirmed-{self._step(item)}")
 
-        folder = self._dir(f"confirmed-{item}")
-        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        state = torch.load(os.path.join(folder, "state.pt"), map_location="cpu", weights_only=True)
-        return Snapshot(
-            step=int(meta.pop("step")),
-            params=load_file(os.path.join(folder, "params.safetensors")),
-            optimizer=state["optimizer"],
-            scheduler=state["scheduler"],
-            scaler=state["scaler"],
-            meta=meta,
-        )
+
+def _write_snapshot(snapshot: Snapshot, folder: str) -> None:
+    """Weights as safetensors, optimizer/scheduler/scaler state with ``torch.save``, step and meta as JSON; written
+    to a temporary folder, then renamed to ``folder``."""
+    from safetensors.torch import save_file
+
+    tmp = os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file({k: v.contiguous() for k, v in snapshot.params.items()}, os.path.join(tmp, "params.safetensors"))
+    torch.save(
+        {"optimizer": snapshot.optimizer, "scheduler": snapshot.scheduler, "scaler": snapshot.scaler},
+        os.path.join(tmp, "state.pt"),
+    )
+    with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump({"step": snapshot.step, **snapshot.meta}, f)
+    _replace_dir(tmp, folder)
+
+
+def _read_snapshot(folder: str) -> Snapshot:
+    from safetensors.torch import load_file
+
+    with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    state = torch.load(os.path.join(folder, "state.pt"), map_location="cpu", weights_only=True)
+    return Snapshot(
+        step=int(meta.pop("step")),
+        params=load_file(os.path.join(folder, "params.safetensors")),
+        optimizer=state["optimizer"],
+        scheduler=state["scheduler"],
+        scaler=state["scaler"],
+        meta=meta,
+    )
 
 
 def _replace_dir(src: str, dst: str) -> None:

@@ -6,13 +6,19 @@ import, so the same code runs identically on every rank from all-reduced values.
 Spike rule for a signal ``x`` with transform ``φ`` (identity for the loss, ``log`` for the gradient norm), threshold
 ``z*`` and ratio ``ρ*``, given the window of accepted values (rejected values never enter it)::
 
-    m = median(φ(window)),  MAD = median(|φ(window) − m|),  s = max(1.4826·MAD, floor(m))
+    m = median(φ(window)),  MAD = median(|φ(window) − m|)
+    s = max(1.4826·MAD, floor(m))          if MAD > 0
+    s = max(1.2533·MeanAD, floor(m))       if MAD = 0,  MeanAD = mean(|φ(window) − m|)
     z = (φ(x) − m) / s
     spike  ⇔  n ≥ min_history  and  z > z*  and  x − φ⁻¹(m) > (ρ* − 1)·|φ⁻¹(m)|
 
 The ratio condition kills false alarms when the MAD is tiny (a flat curve) and keeps the rule meaningful for a negative
 median (unlearning losses), where ``x > ρ*·m`` would hold for almost any ``x``. 1.4826·MAD estimates the standard
-deviation of Gaussian data; the floor keeps ``s > 0`` when all values are equal.
+deviation of Gaussian data. When more than half the window holds one value the MAD is 0 although the window has a
+spread; the scale then falls back to the mean absolute deviation, ``√(π/2)·MeanAD ≈ 1.2533·MeanAD`` (also σ for
+Gaussian data; the modified z-score of Iglewicz & Hoaglin, "How to Detect and Handle Outliers", 1993), so a window
+that is mostly one value does not turn every other value into a z of hundreds. The floor keeps ``s > 0`` when all
+values are equal (then only the ratio condition stands between a change and a spike).
 """
 
 from __future__ import annotations
@@ -25,9 +31,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
-__all__ = ["GRAD_RULE", "LOSS_RULE", "MAD_TO_SIGMA", "LocalLevelFilter", "RobustWindow", "SpikeRule"]
+__all__ = [
+    "GRAD_RULE",
+    "LOSS_RULE",
+    "MAD_TO_SIGMA",
+    "MEANAD_TO_SIGMA",
+    "LocalLevelFilter",
+    "RobustWindow",
+    "SpikeRule",
+]
 
 MAD_TO_SIGMA = 1.4826
+MEANAD_TO_SIGMA = math.sqrt(math.pi / 2.0)  # σ / E|X − μ| for a Gaussian
 
 
 class RobustWindow:
@@ -69,10 +84,21 @@ class RobustWindow:
         m = statistics.median(self._values)
         return statistics.median(abs(v - m) for v in self._values)
 
+    def mean_abs_deviation(self) -> float:
+        """Mean absolute deviation from the median; NaN when empty."""
+        if not self._values:
+            return math.nan
+        m = statistics.median(self._values)
+        return statistics.fmean(abs(v - m) for v in self._values)
+
     def scale(self, floor: float) -> float:
-        """Robust scale ``max(1.4826·MAD, floor)``; ``floor`` when empty."""
+        """Robust scale: ``max(1.4826·MAD, floor)``, or ``max(1.2533·MeanAD, floor)`` when the MAD is 0 (more than half
+        the values equal); ``floor`` when empty."""
         mad = self.mad()
-        return floor if math.isnan(mad) else max(MAD_TO_SIGMA * mad, floor)
+        if math.isnan(mad):
+            return floor
+        spread = MAD_TO_SIGMA * mad if mad > 0 else MEANAD_TO_SIGMA * self.mean_abs_deviation()
+        return max(spread, floor)
 
     def z(self, value: float, floor: float) -> float:
         """One-sided robust z of ``value``: ``(value − median)/scale``; 0 for an empty window, ±inf for ±inf and

@@ -73,14 +73,14 @@ def test_the_fields_are_declared_once_and_shared():
     ("config", "match"),
     [
         ({"stability_guard": True, "stability_guard_kwargs": {"snapshot_evry": 5}}, "unknown key 'snapshot_evry'"),
-        ({"stability_guard": True, "stability_guard_kwargs": {"action": "undo"}}, "`action`='undo'"),
+        ({"stability_guard": True, "stability_guard_kwargs": {"action": "undo"}}, "`guard_action`='undo'"),
         ({"stability_guard": True, "stability_guard_kwargs": "{not json"}, "`stability_guard_kwargs` is not a JSON"),
         ({"stability_guard_kwargs": {"action": "skip"}}, "`stability_guard_kwargs` is set but `stability_guard`"),
         ({"stability_guard": "yes"}, "`stability_guard` must be true or false"),
         ({"no_gradient_check": 1}, "`no_gradient_check` must be true or false"),
         ({"component_clip_max_norm": 0.0}, "`component_clip_max_norm` must be"),
         ({"component_clip_max_norm": 1.0, "component_clip_groups": "tensor"}, "`component_clip_groups`='tensor'"),
-        ({"component_clip_groups": "layer"}, "`component_clip_groups`='layer' needs `component_clip_max_norm`"),
+        ({"component_clip_groups": "layer"}, "`component_clip_groups` is set but component clipping is off"),
     ],
 )
 def test_sft_config_refuses_by_name(config, match):
@@ -120,8 +120,8 @@ def test_stability_guard_skips_a_nan_step_and_its_kwargs_act(tmp_path):
     results = {}
     for name, config in {
         "off": {},
-        "guard": {"stability_guard": True, "stability_guard_kwargs": {"action": "skip"}},
-        "log": {"stability_guard": True, "stability_guard_kwargs": {"action": "log"}},
+        "guard": {"stability_guard": True, "guard_action": "skip"},
+        "log": {"stability_guard": True, "guard_action": "log"},
     }.items():
         trainer = _sft(tmp_path / name, steps=3, **config)
         FaultInjectionCallback.attach(trainer, kind="nan_loss", steps=[2])
@@ -204,13 +204,13 @@ def _grpo_trainer(tmp_path, **config):
 
 
 def test_grpo_guard_watches_the_grad_norm_unless_told_otherwise(tmp_path):
-    def guard_of(kwargs):
-        trainer = _grpo_trainer(tmp_path, stability_guard=True, stability_guard_kwargs=kwargs)
+    def guard_of(fields):
+        trainer = _grpo_trainer(tmp_path, stability_guard=True, **fields)
         (guard,) = _callbacks(trainer, StabilityGuardCallback)
         return guard.policy
 
     assert guard_of({}).loss_rule is None and guard_of({}).grad_rule is not None
-    assert guard_of({"loss_z": 4.0}).loss_rule.z_threshold == 4.0
+    assert guard_of({"guard_loss_z": 4.0}).loss_rule.z_threshold == 4.0
 
 
 def test_degenerate_run_warnings_and_thresholds(tmp_path, caplog):

@@ -16,6 +16,7 @@ from unlearn_helpers import GLOBAL_BATCH, METHODS, split_data, unlearn_update
 
 from hf_stable import UnlearningConfig
 from hf_stable.losses.unlearning import FORGET_LOSSES
+from hf_stable.stability.options import OPTIONS_KEY
 from hf_stable.testing import build_tiny_model
 from hf_stable.trainers.unlearning.methods import UNLEARNING_METHODS, forget_loss_name
 
@@ -86,6 +87,13 @@ ALLOWLIST = {
     "no_gradient_check": "a detector: raises NoGradientError when no parameter gets a gradient, else no effect "
     "(test_stability_config_flags.py::test_no_gradient_check_raises_naming_the_patched_forward, "
     "test_stability_own_forward.py)",
+    # the options generated from the stability callbacks' options classes (the two component_clip_ cases above stay)
+    **{
+        name: "a generated stability option: its value reaches its callback "
+        "(tests/stability/test_stability_options.py::test_each_generated_field_reaches_its_callback)"
+        for name in getattr(UnlearningConfig, OPTIONS_KEY)
+        if name not in ("component_clip_max_norm", "component_clip_groups")
+    },
 }
 
 _TRIPS = {"collapse_guard": True, "learning_rate": 1e-3, "collapse_check_steps": 1, "collapse_retain_floor": 0.0}
