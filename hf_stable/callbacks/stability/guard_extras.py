@@ -46,6 +46,11 @@ class _GuardCheckpoint:
         save_snapshots(self.store, os.path.join(folder, SNAPSHOT_DIR, self.name))
         self._saved_into = (folder, state.global_step)
 
+    def write_checkpoint_state(self, folder: str, args, state) -> None:
+        """The hf_stable trainers' atomic save calls this with the staged checkpoint folder, so the snapshots are part
+        of the checkpoint before it gets its final name."""
+        self.save_to_checkpoint(folder, state)
+
     def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         already = self._saved_into is not None and self._saved_into[1] == state.global_step
