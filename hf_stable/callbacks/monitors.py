@@ -2,8 +2,12 @@
 
 Each runs every ``every`` (``period``) optimizer steps in ``on_step_end`` under ``torch.no_grad()``, logs
 ``stable/<family>/*`` through the metrics hook (``Callback.attach(trainer)`` installs it; hf_stable trainers have it)
-and keeps its JSON state across resume. Costs (measured in ``benchmarks/stability_overhead.py``, see
-``docs/stability.md``):
+and keeps its state across resume, so a resumed run logs what an uninterrupted one does, bit for bit: the small
+JSON state (histories, counters) through transformers' ``ExportableState`` (``trainer_state.json``, written with the
+checkpoint), the tensors (the power-iteration vectors, the drift reference) as one safetensors file per callback in
+``checkpoint-N/stable_monitors/`` (written in ``on_save``; too large for ``trainer_state.json``). The monitors never
+draw from the global RNG, so switching one on does not change training. Costs (measured in
+``benchmarks/stability_overhead.py``, see ``docs/stability.md``):
 
 * `StableRankMonitorCallback`: per target matrix (m, n) one exact 2-norm (SVD, O(mn·min(m, n))) below 512 on both
   sides, else ``power_iters`` matrix-vector products with a warm-started vector (O(mn) each).
@@ -25,6 +29,7 @@ import statistics
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .._validation import check_choice, check_int, check_number, check_pattern
 from ..stability.drift import linear_cka, rdm_stability
@@ -38,6 +43,35 @@ __all__ = ["DEFAULT_TARGETS", "MSignCallback", "RepresentationDriftCallback", "S
 logger = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$"
+STATE_SUBDIR = "stable_monitors"  # in checkpoint-N: the monitors' tensors, one safetensors file per callback name
+
+
+def _save_tensors(args, state, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` into the checkpoint just saved (main process; temporary file, then rename)."""
+    if not tensors or not state.is_world_process_zero:
+        return
+    from safetensors.torch import save_file
+
+    folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", STATE_SUBDIR)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.safetensors")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def _load_tensors(args, state, name: str) -> dict[str, torch.Tensor] | None:
+    """The tensors ``_save_tensors`` wrote into the checkpoint this run resumed from (its folder is
+    ``args.resume_from_checkpoint`` or ``output_dir/checkpoint-<global_step>``), or ``None``."""
+    from safetensors.torch import load_file
+
+    folder = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+    candidates = [args.resume_from_checkpoint, os.path.join(args.output_dir, folder)]
+    for checkpoint in candidates:
+        if isinstance(checkpoint, (str, os.PathLike)) and os.path.basename(os.path.normpath(checkpoint)) == folder:
+            path = os.path.join(checkpoint, STATE_SUBDIR, f"{name}.safetensors")
+            if os.path.isfile(path):
+                return load_file(path)
+    return None
 
 
 def _refuse_zero3(model, who: str) -> None:
@@ -97,6 +131,11 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         log_per_matrix: also log ``stable/srank/<module name>``.
 
     Metrics: ``stable/srank/min``, ``stable/srank/median``, ``stable/srank/collapse`` (1 when any matrix alarms).
+
+    Resume: the histories are JSON (``ExportableState``); the warm-start vectors are tensors, saved in
+    ``checkpoint-N/stable_monitors/<name>.safetensors`` (without them the resumed power iterations start cold and
+    the logged ranks differ slightly). First vectors come from a generator seeded with ``args.seed``, never from the
+    global RNG that training draws from.
     """
 
     def __init__(
@@ -136,6 +175,7 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         self.recent: dict[str, list[float]] = {}
         self.measured_steps: list[int] = []
         self._vectors: dict[str, torch.Tensor] = {}
+        self._generator: torch.Generator | None = None
         self._pending: dict = {}
         self._trainer_ref = None
 
@@ -162,7 +202,12 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 w = _effective_weight(module, self.effective_lora)
                 if w is None:
                     continue
-                sigma, v = spectral_norm(w, self._vectors.get(name), self.power_iters, self.exact_below)
+                v = self._vectors.get(name)
+                if v is None and max(w.shape) >= self.exact_below:  # power iterations: a seeded first vector
+                    if self._generator is None:
+                        self._generator = torch.Generator().manual_seed(0)
+                    v = torch.randn(min(w.shape), generator=self._generator)
+                sigma, v = spectral_norm(w, v, self.power_iters, self.exact_below)
                 if v is not None:
                     self._vectors[name] = v
                 out[name] = float(stable_rank(w, sigma))
@@ -170,7 +215,20 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         _refuse_zero3(model, "StableRankMonitorCallback")
-        if not self._self_restore(state) and not self.first:
+        self._generator = torch.Generator().manual_seed(args.seed)
+        restored = self._self_restore(state)
+        if restored:
+            vectors = _load_tensors(args, state, self.name)
+            if vectors is None:
+                _warn_once(
+                    self,
+                    "no_vectors",
+                    f"StableRankMonitorCallback: the checkpoint holds no {STATE_SUBDIR}/{self.name}.safetensors; the "
+                    "power iterations restart from fresh vectors (the logged stable ranks differ slightly).",
+                    state,
+                )
+            self._vectors = dict(vectors or {})
+        if not restored and not self.first:
             self._record(0, self.measure(model), state)
         if not self.first:
             raise ValueError(
@@ -181,6 +239,9 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0:
             self._record(state.global_step, self.measure(model), state)
+
+    def on_save(self, args, state, control, **kwargs):
+        _save_tensors(args, state, self.name, self._vectors)
 
     def _record(self, step: int, values: dict[str, float], state) -> None:
         self.measured_steps.append(step)
@@ -346,7 +407,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         batch_size: probe sequences per forward.
 
     The ``"initial"`` reference is saved once (main process) as
-    ``output_dir/stable_drift/<name>/reference.safetensors`` and read back on resume.
+    ``output_dir/stable_drift/<name>/reference.safetensors``. Resume: the history and the robust window are JSON
+    (``ExportableState``); the current reference (the initial one, or with ``"previous"`` the last measurement,
+    which the resumed weights need not reproduce when the checkpoint falls between measurements) is saved in
+    ``checkpoint-N/stable_monitors/<name>.safetensors`` and read back first.
 
     Metrics: ``stable/drift/rdm_spearman``, ``stable/drift/cka`` (mean over ``layers``), ``stable/drift/alarm``.
     """
@@ -458,6 +522,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if self._batch["input_ids"].shape[0] < 3:
             raise ValueError("RepresentationDriftCallback needs at least 3 probe sequences.")
         self._self_restore(state)
+        saved = _load_tensors(args, state, self.name) if state.global_step > 0 else None
+        if saved is not None and len(saved) == len(self.layers):
+            self._reference = [saved[f"layer{i}"] for i in range(len(self.layers))]
+            return
         path = self._reference_path(args)
         if state.global_step > 0 and self.reference == "initial" and os.path.isfile(path):
             from safetensors.torch import load_file
@@ -508,6 +576,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 f"{drift:.3g} (RDM Spearman {rho:.3g}, CKA {cka:.3g}) jumped beyond its alarm."
             )
         self._pending = {"stable/drift/rdm_spearman": rho, "stable/drift/cka": cka, "stable/drift/alarm": float(alarm)}
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._reference is not None:
+            _save_tensors(args, state, self.name, {f"layer{i}": x for i, x in enumerate(self._reference)})
 
     def pop_pending_metrics(self) -> dict:
         pending, self._pending = self._pending, {}
