@@ -56,9 +56,17 @@ class DualAscentCallback(TrainerCallback):
     def __init__(self, trainer):
         self.trainer = trainer
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # transformers saves a checkpoint at an epoch's last step before `on_epoch_end`, and a run resumed from it
+        # starts with the next epoch: the update it missed is made now, from the same (checkpointed) weights
+        done = self.trainer._dual_epochs  # None: a checkpoint from before this count was kept
+        if state.global_step > 0 and done is not None and done < int(state.epoch or 0):
+            self.on_epoch_end(args, state, control)
+
     def on_epoch_end(self, args, state, control, **kwargs):
         retain = _mean_nll(self.trainer, self.trainer._retain_rows).mean().item()
         self.trainer.dual_update_from(retain)
+        self.trainer._dual_epochs = int(state.epoch or 0)
 
 
 class CollapseGuardCallback(TrainerCallback):
@@ -85,6 +93,15 @@ class CollapseGuardCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         t = self.trainer
         if "start_forget_prob" in t._guard_state:  # resumed: keep the start of the original run
+            self.tripped = "tripped_at" in t._guard_state
+            if state.global_step % args.collapse_check_steps == 0:
+                self._snapshot()  # the checkpoint's weights are those of its step's (healthy) check
+            elif args.collapse_restore_best:
+                logger.warning(
+                    f"Resumed at step {state.global_step}, between collapse checks: until the next healthy check a "
+                    "collapse restores the weights of the resumed step, not those of the last check before it."
+                )
+                self._snapshot()
             return
         start = self._measure()
         t._guard_state.update({f"start_{k}": v for k, v in start.items()})
