@@ -25,8 +25,6 @@ N = 4  # optimizer steps; the checkpoint is at N // 2
 HALF = N // 2
 TIMING = ("step_time",)  # wall-clock metrics
 
-pytestmark = pytest.mark.slow
-
 
 class CopyAfterSave(TrainerCallback):
     """Added last: once `checkpoint-<step>` is complete, copy `output_dir` to `dest` (what a kill leaves)."""
@@ -39,10 +37,10 @@ class CopyAfterSave(TrainerCallback):
             shutil.copytree(args.output_dir, self.dest)
 
 
-def _after_checkpoint(log_history) -> list[dict]:
+def _after_checkpoint(log_history, half=HALF) -> list[dict]:
     """The log entries of the steps after the checkpoint, without the end-of-training summary (its runtime, and its
     `train_loss`, which transformers averages over the steps of this `train()` call only)."""
-    entries = [h for h in log_history if h["step"] > HALF and "train_runtime" not in h]
+    entries = [h for h in log_history if h["step"] > half and "train_runtime" not in h]
     return [{k: v for k, v in h.items() if k not in TIMING} for h in entries]
 
 
@@ -60,16 +58,16 @@ def _folder_weights(folder) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_resume(tmp_path, build, artifacts=(), expect_metrics=()):
-    """`build(output_dir)` returns a fresh trainer. Runs N steps uninterrupted (saving at N/2), resumes a copy of the
-    output folder from checkpoint-N/2, and asserts bitwise equality; returns the two trainers."""
+def check_resume(tmp_path, build, artifacts=(), expect_metrics=(), half=HALF):
+    """`build(output_dir)` returns a fresh trainer that saves every `half` steps. Runs N steps uninterrupted, resumes
+    a copy of the output folder from checkpoint-`half`, and asserts bitwise equality; returns the two trainers."""
     full_dir, cut_dir = str(tmp_path / "full"), str(tmp_path / "cut")
     full = build(full_dir)
-    full.add_callback(CopyAfterSave(HALF, cut_dir))
+    full.add_callback(CopyAfterSave(half, cut_dir))
     full.train()
-    assert os.path.isdir(os.path.join(cut_dir, f"checkpoint-{HALF}")), "the run did not save at N/2"
+    assert os.path.isdir(os.path.join(cut_dir, f"checkpoint-{half}")), f"the run did not save at step {half}"
     resumed = build(cut_dir)
-    resumed.train(resume_from_checkpoint=os.path.join(cut_dir, f"checkpoint-{HALF}"))
+    resumed.train(resume_from_checkpoint=os.path.join(cut_dir, f"checkpoint-{half}"))
     assert resumed.state.global_step == full.state.global_step
 
     problems = []
@@ -78,7 +76,8 @@ def check_resume(tmp_path, build, artifacts=(), expect_metrics=()):
         q = full_params[name]
         if not torch.equal(p.detach(), q.detach()):
             problems.append(f"param {name}: max |Δ| {(p.detach() - q.detach()).abs().max().item():.3e}")
-    logs_full, logs_resumed = _after_checkpoint(full.state.log_history), _after_checkpoint(resumed.state.log_history)
+    logs_full = _after_checkpoint(full.state.log_history, half)
+    logs_resumed = _after_checkpoint(resumed.state.log_history, half)
     assert [h["step"] for h in logs_full] == [h["step"] for h in logs_resumed]
     for a, b in zip(logs_full, logs_resumed, strict=True):
         for key in sorted(set(a) | set(b)):
@@ -195,6 +194,7 @@ SFT_ARTIFACTS = {"wsm_cpu": ["wsm-merged"], "wsm_disk": ["wsm-merged"]}
 
 
 @pytest.mark.parametrize("cell", sorted(SFT_CELLS))
+@pytest.mark.slow
 def test_sft_resume_is_exact(tmp_path, cell):
     spec = dict(SFT_CELLS[cell])
     check_resume(
@@ -205,6 +205,7 @@ def test_sft_resume_is_exact(tmp_path, cell):
     )
 
 
+@pytest.mark.slow
 def test_sft_merge_on_train_end_resume_is_exact(tmp_path):
     from hf_stable.callbacks import MergeOnTrainEndCallback
 
@@ -262,7 +263,10 @@ GRPO_CELLS = {
     "snr_lr": dict(oblr_adaptive_lr=True),
     "wsm": dict(callbacks=[_wsm(storage="cpu")]),
     "stable_rank": dict(callbacks=[_srank]),
+    # one generation per 2 optimizer steps, checkpoint at step 1: inside TRL's buffer of generated batches
+    "buffered_generation": dict(steps_per_generation=4, save_steps=1),
 }
+GRPO_HALF = {"buffered_generation": 1}
 GRPO_EXPECT = {
     "ctwa": ["stable/grpo/ctwa/"],
     "lagrangian": ["stable/grpo/lagrangian/"],
@@ -275,12 +279,14 @@ GRPO_EXPECT = {
 
 
 @pytest.mark.parametrize("cell", sorted(GRPO_CELLS))
+@pytest.mark.slow
 def test_grpo_resume_is_exact(tmp_path, cell):
     check_resume(
         tmp_path,
         _grpo_builder(**GRPO_CELLS[cell]),
         artifacts=["wsm-merged"] if cell == "wsm" else (),
         expect_metrics=GRPO_EXPECT.get(cell, ()),
+        half=GRPO_HALF.get(cell, HALF),
     )
 
 
@@ -306,7 +312,7 @@ def _unlearn_builder(**config):
             "save_steps": HALF,
             **config,
         }
-        args = UnlearningConfig(output_dir=output_dir, per_device_train_batch_size=4, **settings)
+        args = UnlearningConfig(output_dir=output_dir, **{"per_device_train_batch_size": 4, **settings})
         return UnlearningTrainer(
             model=model, args=args, forget_dataset=forget, retain_dataset=retain, processing_class=tokenizer
         )
@@ -317,6 +323,7 @@ def _unlearn_builder(**config):
 PDU = dict(unlearn_method="pdu", pdu_eps=2.0, pdu_lambda0=1.0, pdu_dual_lr=0.5)
 UNLEARN_CELLS = {  # 8 forget rows, batch 4: an epoch is 2 steps, so the checkpoint falls on an epoch boundary
     "graddiff": dict(unlearn_method="graddiff"),
+    "graddiff_mid_epoch": dict(unlearn_method="graddiff", per_device_train_batch_size=2),  # 4 steps per epoch
     "pdu_step": dict(PDU),
     "pdu_epoch": dict(PDU, pdu_dual_update="epoch"),
     "pdu_auto_eps": dict(PDU, pdu_eps="auto"),
@@ -345,5 +352,55 @@ UNLEARN_EXPECT = {
 
 
 @pytest.mark.parametrize("cell", sorted(UNLEARN_CELLS))
+@pytest.mark.slow
 def test_unlearning_resume_is_exact(tmp_path, cell):
     check_resume(tmp_path, _unlearn_builder(**UNLEARN_CELLS[cell]), expect_metrics=UNLEARN_EXPECT.get(cell, ()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the reward controllers' own round trip (what `StableGRPOTrainer._stable_state` saves), value for value
+
+
+def _observed(name, **params):
+    from hf_stable.losses.reward_control import REWARD_WEIGHTINGS, StepContext
+
+    controller = REWARD_WEIGHTINGS.get(name)(torch.tensor([1.0, 0.5]), **params)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(3):
+        rewards = torch.rand(8, 2, generator=generator)
+        scores = torch.randn(2, generator=generator)
+        if controller.needs_validation:
+            controller.validation_point(rewards.mean(0) + step)
+        context = StepContext(step, 1e-2, lambda scores=scores: scores)
+        controller.observe(rewards, rewards.sum(1) - rewards.sum(1).mean(), 4, context)
+    return controller
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("ctwa", {}),
+        ("lagrangian", {"thresholds": [0.1, None], "lr": 0.5}),
+        ("gradient", {"regularization": 1e-2}),
+        ("hypervolume", {}),
+    ],
+)
+def test_controller_state_round_trip_is_exact(tmp_path, name, params):
+    from safetensors.torch import save_file
+
+    from hf_stable.losses.reward_control import REWARD_WEIGHTINGS
+
+    trained = _observed(name, **params)
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(tmp_path / "state.safetensors"))
+    fresh = REWARD_WEIGHTINGS.get(name)(torch.tensor([1.0, 0.5]), **params)
+    fresh.load_state_dict(load_file(str(tmp_path / "state.safetensors")))
+    assert torch.equal(fresh.weights, trained.weights)
+    assert fresh.advantage_multiplier == trained.advantage_multiplier
+    if name == "hypervolume":
+        assert trained.advantage_multiplier != 1.0  # the validation points moved it: the comparison is not vacuous
+    for attribute, value in vars(trained).items():
+        other = vars(fresh)[attribute]
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(other, value) or torch.allclose(other, value, rtol=0, atol=0, equal_nan=True), attribute
+        else:
+            assert other == value or (value != value and other != other), attribute
