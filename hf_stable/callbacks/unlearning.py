@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import torch
 from transformers import TrainerCallback
@@ -16,6 +17,7 @@ from ..trainers.unlearning.reference import own_forward
 
 logger = logging.getLogger(__name__)
 PROBE_ROWS = 64  # rows the guard scores at each check: enough for a stable mean, cheap on any model
+HEALTHY_FILE = "collapse_guard_healthy.safetensors"  # in checkpoint-N when N falls between two checks
 
 
 def unlearning_callbacks(trainer) -> list[TrainerCallback]:
@@ -74,7 +76,8 @@ class CollapseGuardCallback(TrainerCallback):
     start, ``collapse_retain_floor``), or the forget answer probability falls below ``collapse_forget_floor`` × the
     holdout probability at the start (answers pushed far below chance — gradient ascent's signature). With
     ``collapse_restore_best`` the trainable weights of the last healthy check are restored. The starting statistics
-    are checkpointed, so a resumed run compares against the same start.
+    are checkpointed, so a resumed run compares against the same start. The healthy weights are the checkpoint's own
+    when it falls on a check; between checks they are saved with it (``checkpoint-N/`` + ``HEALTHY_FILE``).
     """
 
     def __init__(self, trainer):
@@ -97,17 +100,40 @@ class CollapseGuardCallback(TrainerCallback):
             if state.global_step % args.collapse_check_steps == 0:
                 self._snapshot()  # the checkpoint's weights are those of its step's (healthy) check
             elif args.collapse_restore_best:
-                logger.warning(
-                    f"Resumed at step {state.global_step}, between collapse checks: until the next healthy check a "
-                    "collapse restores the weights of the resumed step, not those of the last check before it."
-                )
-                self._snapshot()
+                self.healthy = self._saved_healthy(args, state)
+                if self.healthy is None:
+                    logger.warning(
+                        f"Resumed at step {state.global_step}, between collapse checks, without {HEALTHY_FILE}: until "
+                        "the next healthy check a collapse restores the weights of the resumed step."
+                    )
+                    self._snapshot()
             return
         start = self._measure()
         t._guard_state.update({f"start_{k}": v for k, v in start.items()})
         if t._holdout_rows:
             t._guard_state["holdout_prob"] = (-_mean_nll(t, t._holdout_rows[:PROBE_ROWS])).exp().mean().item()
         self._snapshot()
+
+    @staticmethod
+    def _saved_healthy(args, state) -> dict[str, torch.Tensor] | None:
+        from safetensors.torch import load_file
+
+        name = f"checkpoint-{state.global_step}"
+        for folder in (args.resume_from_checkpoint, os.path.join(args.output_dir, name)):
+            if isinstance(folder, str) and os.path.basename(os.path.normpath(folder)) == name:
+                if os.path.isfile(os.path.join(folder, HEALTHY_FILE)):
+                    return load_file(os.path.join(folder, HEALTHY_FILE))
+        return None
+
+    def on_save(self, args, state, control, **kwargs):
+        on_check = state.global_step % args.collapse_check_steps == 0  # then the checkpoint's weights are healthy
+        if self.healthy is None or on_check or not state.is_world_process_zero:
+            return
+        from safetensors.torch import save_file
+
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", HEALTHY_FILE)
+        save_file({n: t.detach().cpu().contiguous() for n, t in self.healthy.items()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
 
     def _snapshot(self):
         if self.trainer.args.collapse_restore_best:

@@ -342,12 +342,21 @@ UNLEARN_CELLS = {  # 8 forget rows, batch 4: an epoch is 2 steps, so the checkpo
         collapse_restore_best=True,
         collapse_retain_factor=2.5,
     ),
+    "collapse_restore_between_checks": dict(  # checks at steps 3 and 6 only: step 3 restores the start weights
+        unlearn_method="ga",
+        learning_rate=0.05,
+        collapse_guard=True,
+        collapse_check_steps=3,
+        collapse_restore_best=True,
+        collapse_retain_factor=2.5,
+    ),
 }
 UNLEARN_EXPECT = {
     "pdu_step": ["stable/unlearning/lambda"],
     "pdu_epoch": ["stable/unlearning/lambda"],
     "collapse_guard": ["stable/unlearning/guard_retain_nll"],
     "collapse_restore": ["stable/unlearning/collapsed"],
+    "collapse_restore_between_checks": ["stable/unlearning/collapsed"],
 }
 
 
