@@ -47,8 +47,9 @@ STATE_SUBDIR = "stable_monitors"  # in checkpoint-N: the monitors' tensors, one 
 
 
 def _save_tensors(args, state, name: str, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` into the checkpoint just saved (main process; temporary file, then rename)."""
-    if not tensors or not state.is_world_process_zero:
+    """Write ``tensors`` into the checkpoint just saved (main process; temporary file, then rename). An empty dict
+    is written too: the resumed callback then knows there was nothing to restore."""
+    if not state.is_world_process_zero:
         return
     from safetensors.torch import save_file
 

@@ -413,3 +413,24 @@ def test_controller_state_round_trip_is_exact(tmp_path, name, params):
             assert torch.equal(other, value) or torch.allclose(other, value, rtol=0, atol=0, equal_nan=True), attribute
         else:
             assert other == value or (value != value and other != other), attribute
+
+
+@pytest.mark.slow
+def test_stable_rank_monitor_leaves_training_unchanged(tmp_path):
+    """The monitor's first power-iteration vectors come from its own generator: GRPO, whose batch shuffle draws from
+    the global RNG, trains the same parameters with and without it."""
+    plain = _grpo_builder(save_strategy="no")(str(tmp_path / "plain"))
+    plain.train()
+    monitored = _grpo_builder(callbacks=[_srank], save_strategy="no")(str(tmp_path / "monitored"))
+    monitored.train()
+    assert any("stable/srank/min" in h for h in monitored.state.log_history)
+    start = dict(build_tiny_model_params())
+    assert any(not torch.equal(p.detach(), start[n]) for n, p in plain.model.named_parameters())  # it trained
+    for (name, p), q in zip(plain.model.named_parameters(), monitored.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def build_tiny_model_params():
+    from hf_stable.testing import build_tiny_model
+
+    return {n: p.detach() for n, p in build_tiny_model(seed=0)[0].named_parameters()}
