@@ -178,6 +178,7 @@ SFT_CELLS = {
     "auto_probe": dict(sft_objective="auto"),
     "wsm_cpu": dict(callbacks=[_wsm(storage="cpu")]),
     "wsm_disk": dict(callbacks=[_wsm(storage="disk")]),
+    "wsm_merge_at_save": dict(callbacks=[_wsm(storage="cpu", merge_at=("end", "save"))]),
     "stable_rank": dict(callbacks=[_srank]),
     "msign": dict(callbacks=[_msign]),
     "drift_initial": dict(callbacks=[_drift("initial", 1)]),
@@ -190,7 +191,11 @@ SFT_EXPECT = {
     "drift_initial": ["stable/drift/"],
     "drift_previous": ["stable/drift/"],
 }
-SFT_ARTIFACTS = {"wsm_cpu": ["wsm-merged"], "wsm_disk": ["wsm-merged"]}
+SFT_ARTIFACTS = {
+    "wsm_cpu": ["wsm-merged"],
+    "wsm_disk": ["wsm-merged"],
+    "wsm_merge_at_save": ["wsm-merged", f"checkpoint-{N}/wsm-merged"],
+}
 
 
 @pytest.mark.parametrize("cell", sorted(SFT_CELLS))
@@ -265,8 +270,9 @@ GRPO_CELLS = {
     "stable_rank": dict(callbacks=[_srank]),
     # one generation per 2 optimizer steps, checkpoint at step 1: inside TRL's buffer of generated batches
     "buffered_generation": dict(steps_per_generation=4, save_steps=1),
+    "buffered_iterations": dict(num_iterations=2, save_steps=1),  # one generation reused by 2 optimizer steps
 }
-GRPO_HALF = {"buffered_generation": 1}
+GRPO_HALF = {"buffered_generation": 1, "buffered_iterations": 1}
 GRPO_EXPECT = {
     "ctwa": ["stable/grpo/ctwa/"],
     "lagrangian": ["stable/grpo/lagrangian/"],
