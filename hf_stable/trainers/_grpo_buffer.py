@@ -66,6 +66,13 @@ def unpack(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     others = meta.get("grpo_buffer")
     if others is None:
         return
+    if len(others) != trainer.args.steps_per_generation:
+        logger.warning(
+            f"The checkpoint's GRPO generation buffer has {len(others)} slices but steps_per_generation="
+            f"{trainer.args.steps_per_generation}: it is not restored and the next step generates afresh."
+        )
+        trainer._buffered_inputs = None
+        return
     device = trainer.accelerator.device
     buffer = [dict(rest) for rest in others]
     for name, value in tensors.items():
