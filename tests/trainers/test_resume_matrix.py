@@ -183,6 +183,10 @@ SFT_CELLS = {
     "msign": dict(callbacks=[_msign]),
     "drift_initial": dict(callbacks=[_drift("initial", 1)]),
     "drift_previous": dict(callbacks=[_drift("previous", 3)]),
+    # transformers rebuilds the ExportableState callbacks from trainer_state.json instead
+    "monitors_rebuilt": dict(
+        callbacks=[_srank, _drift("previous", 3)], restore_callback_states_from_checkpoint=True
+    ),
 }
 SFT_EXPECT = {
     "feasible": ["loss"],
@@ -190,6 +194,7 @@ SFT_EXPECT = {
     "msign": ["stable/msign/"],
     "drift_initial": ["stable/drift/"],
     "drift_previous": ["stable/drift/"],
+    "monitors_rebuilt": ["stable/srank/", "stable/drift/"],
 }
 SFT_ARTIFACTS = {
     "wsm_cpu": ["wsm-merged"],
