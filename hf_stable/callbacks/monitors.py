@@ -5,8 +5,8 @@ Each runs every ``every`` (``period``) optimizer steps in ``on_step_end`` under 
 and keeps its state across resume, so a resumed run logs what an uninterrupted one does, bit for bit: the small
 JSON state (histories, counters) through transformers' ``ExportableState`` (``trainer_state.json``, written with the
 checkpoint), the tensors (the power-iteration vectors, the drift reference) as one safetensors file per callback in
-``checkpoint-N/stable_monitors/`` (written in ``on_save``; too large for ``trainer_state.json``). The monitors never
-draw from the global RNG, so switching one on does not change training. Costs (measured in
+``checkpoint-N/stable_monitors/`` (inside the atomic save, `_checkpoint_files`; too large for ``trainer_state.json``).
+The monitors never draw from the global RNG, so switching one on does not change training. Costs (measured in
 ``benchmarks/stability_overhead.py``, see ``docs/stability.md``):
 
 * `StableRankMonitorCallback`: per target matrix (m, n) one exact 2-norm (SVD, O(mn·min(m, n))) below 512 on both
@@ -29,12 +29,12 @@ import statistics
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .._validation import check_choice, check_int, check_number, check_pattern
 from ..stability.drift import linear_cka, rdm_stability
 from ..stability.matrix import msign_correction, spectral_norm, stable_rank
 from ..stability.stats import RobustWindow
+from ._checkpoint_files import CheckpointFiles, resumed_file, save_tensors
 from .stability import _Attachable, _SelfRestoring, _warn_once
 
 
@@ -46,33 +46,12 @@ DEFAULT_TARGETS = r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_
 STATE_SUBDIR = "stable_monitors"  # in checkpoint-N: the monitors' tensors, one safetensors file per callback name
 
 
-def _save_tensors(args, state, name: str, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` into the checkpoint just saved (main process; temporary file, then rename). An empty dict
-    is written too: the resumed callback then knows there was nothing to restore."""
-    if not state.is_world_process_zero:
-        return
-    from safetensors.torch import save_file
-
-    folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", STATE_SUBDIR)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.safetensors")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
 def _load_tensors(args, state, name: str) -> dict[str, torch.Tensor] | None:
-    """The tensors ``_save_tensors`` wrote into the checkpoint this run resumed from (its folder is
-    ``args.resume_from_checkpoint`` or ``output_dir/checkpoint-<global_step>``), or ``None``."""
+    """The tensors a monitor named ``name`` saved in the checkpoint this run resumed from, or ``None``."""
     from safetensors.torch import load_file
 
-    folder = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-    candidates = [args.resume_from_checkpoint, os.path.join(args.output_dir, folder)]
-    for checkpoint in candidates:
-        if isinstance(checkpoint, (str, os.PathLike)) and os.path.basename(os.path.normpath(checkpoint)) == folder:
-            path = os.path.join(checkpoint, STATE_SUBDIR, f"{name}.safetensors")
-            if os.path.isfile(path):
-                return load_file(path)
-    return None
+    path = resumed_file(args, state, os.path.join(STATE_SUBDIR, f"{name}.safetensors"))
+    return load_file(path) if path is not None else None
 
 
 def _refuse_zero3(model, who: str) -> None:
@@ -119,7 +98,7 @@ def _targets(model, pattern: str) -> list[tuple[str, torch.nn.Module]]:
 
 
 # -- stable rank ------------------------------------------------------------------------------------------------
-class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
+class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
     """Log the stable rank ``‖W‖_F²/‖W‖₂²`` of target matrices every ``every`` steps and warn on collapse.
 
     Args:
@@ -241,8 +220,9 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if state.global_step % self.every == 0:
             self._record(state.global_step, self.measure(model), state)
 
-    def on_save(self, args, state, control, **kwargs):
-        _save_tensors(args, state, self.name, self._vectors)
+    def _write_checkpoint_files(self, folder, args, state) -> None:
+        if args.should_save:
+            save_tensors(os.path.join(folder, STATE_SUBDIR, f"{self.name}.safetensors"), self._vectors)
 
     def _record(self, step: int, values: dict[str, float], state) -> None:
         self.measured_steps.append(step)
@@ -392,7 +372,7 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
 _PROBES: dict[str, object] = {}  # name -> probe set, so a callback transformers re-instantiates finds its probes
 
 
-class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
+class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
     """How much the geometry of a fixed probe set's representations changes (our reconstruction of an unsupervised
     geometric-stability measure from its abstract): Spearman ρ between the pairwise cosine distances of the probe
     representations now and at the reference (``"initial"``: before training; ``"previous"``: the last measurement),
@@ -578,9 +558,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
             )
         self._pending = {"stable/drift/rdm_spearman": rho, "stable/drift/cka": cka, "stable/drift/alarm": float(alarm)}
 
-    def on_save(self, args, state, control, **kwargs):
-        if self._reference is not None:
-            _save_tensors(args, state, self.name, {f"layer{i}": x for i, x in enumerate(self._reference)})
+    def _write_checkpoint_files(self, folder, args, state) -> None:
+        if args.should_save and self._reference is not None:
+            reference = {f"layer{i}": x for i, x in enumerate(self._reference)}
+            save_tensors(os.path.join(folder, STATE_SUBDIR, f"{self.name}.safetensors"), reference)
 
     def pop_pending_metrics(self) -> dict:
         pending, self._pending = self._pending, {}

@@ -12,7 +12,8 @@ import os
 import torch
 from transformers import TrainerCallback
 
-from ..trainers.unlearning.reference import own_forward
+from ..stability.nograd import own_forward
+from ._checkpoint_files import CheckpointFiles, resumed_file, save_tensors
 
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class DualAscentCallback(TrainerCallback):
         self.trainer._dual_epochs = int(state.epoch or 0)
 
 
-class CollapseGuardCallback(TrainerCallback):
+class CollapseGuardCallback(CheckpointFiles, TrainerCallback):
     """Stops unlearning when it collapses: the retain NLL exceeds max(``collapse_retain_factor`` × its value at the
     start, ``collapse_retain_floor``), or the forget answer probability falls below ``collapse_forget_floor`` × the
     holdout probability at the start (answers pushed far below chance — gradient ascent's signature). With
@@ -118,22 +119,13 @@ class CollapseGuardCallback(TrainerCallback):
     def _saved_healthy(args, state) -> dict[str, torch.Tensor] | None:
         from safetensors.torch import load_file
 
-        name = f"checkpoint-{state.global_step}"
-        for folder in (args.resume_from_checkpoint, os.path.join(args.output_dir, name)):
-            if isinstance(folder, str) and os.path.basename(os.path.normpath(folder)) == name:
-                if os.path.isfile(os.path.join(folder, HEALTHY_FILE)):
-                    return load_file(os.path.join(folder, HEALTHY_FILE))
-        return None
+        path = resumed_file(args, state, HEALTHY_FILE)
+        return load_file(path) if path is not None else None
 
-    def on_save(self, args, state, control, **kwargs):
+    def _write_checkpoint_files(self, folder, args, state) -> None:
         on_check = state.global_step % args.collapse_check_steps == 0  # then the checkpoint's weights are healthy
-        if self.healthy is None or on_check or not state.is_world_process_zero:
-            return
-        from safetensors.torch import save_file
-
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", HEALTHY_FILE)
-        save_file({n: t.detach().cpu().contiguous() for n, t in self.healthy.items()}, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        if self.healthy is not None and not on_check and args.should_save:
+            save_tensors(os.path.join(folder, HEALTHY_FILE), self.healthy)
 
     def _snapshot(self):
         if self.trainer.args.collapse_restore_best:
