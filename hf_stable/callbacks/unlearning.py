@@ -13,7 +13,6 @@ import torch
 from transformers import TrainerCallback
 
 from ..stability.nograd import own_forward
-from ._checkpoint_files import CheckpointFiles, resumed_file, save_tensors
 
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ class DualAscentCallback(TrainerCallback):
         self.trainer._dual_epochs = int(state.epoch or 0)
 
 
-class CollapseGuardCallback(CheckpointFiles, TrainerCallback):
+class CollapseGuardCallback(TrainerCallback):
     """Stops unlearning when it collapses: the retain NLL exceeds max(``collapse_retain_factor`` × its value at the
     start, ``collapse_retain_floor``), or the forget answer probability falls below ``collapse_forget_floor`` × the
     holdout probability at the start (answers pushed far below chance — gradient ascent's signature). With
@@ -119,13 +118,25 @@ class CollapseGuardCallback(CheckpointFiles, TrainerCallback):
     def _saved_healthy(args, state) -> dict[str, torch.Tensor] | None:
         from safetensors.torch import load_file
 
+        from ._checkpoint_files import resumed_file
+
         path = resumed_file(args, state, HEALTHY_FILE)
         return load_file(path) if path is not None else None
 
-    def _write_checkpoint_files(self, folder, args, state) -> None:
+    _written_step: int | None = None
+
+    def write_checkpoint_state(self, folder, args, state) -> None:
+        """Called by the trainer's atomic save with the staged folder (see `_checkpoint_files`)."""
+        from ._checkpoint_files import save_tensors
+
+        self._written_step = state.global_step
         on_check = state.global_step % args.collapse_check_steps == 0  # then the checkpoint's weights are healthy
         if self.healthy is not None and not on_check and args.should_save:
             save_tensors(os.path.join(folder, HEALTHY_FILE), self.healthy)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._written_step != state.global_step:  # a trainer without the atomic-save hook
+            self.write_checkpoint_state(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), args, state)
 
     def _snapshot(self):
         if self.trainer.args.collapse_restore_best:
