@@ -2,8 +2,12 @@
 
 Each runs every ``every`` (``period``) optimizer steps in ``on_step_end`` under ``torch.no_grad()``, logs
 ``stable/<family>/*`` through the metrics hook (``Callback.attach(trainer)`` installs it; hf_stable trainers have it)
-and keeps its JSON state across resume. Costs (measured in ``benchmarks/stability_overhead.py``, see
-``docs/stability.md``):
+and keeps its state across resume, so a resumed run logs what an uninterrupted one does, bit for bit: the small
+JSON state (histories, counters) through transformers' ``ExportableState`` (``trainer_state.json``, written with the
+checkpoint), the tensors (the power-iteration vectors, the drift reference) as one safetensors file per callback in
+``checkpoint-N/stable_monitors/`` (inside the atomic save, `_checkpoint_files`; too large for ``trainer_state.json``).
+The monitors never draw from the global RNG, so switching one on does not change training. Costs (measured in
+``benchmarks/stability_overhead.py``, see ``docs/stability.md``):
 
 * `StableRankMonitorCallback`: per target matrix (m, n) one exact 2-norm (SVD, O(mn·min(m, n))) below 512 on both
   sides, else ``power_iters`` matrix-vector products with a warm-started vector (O(mn) each).
@@ -30,6 +34,7 @@ from .._validation import check_choice, check_int, check_number, check_pattern
 from ..stability.drift import linear_cka, rdm_stability
 from ..stability.matrix import msign_correction, spectral_norm, stable_rank
 from ..stability.stats import RobustWindow
+from ._checkpoint_files import CheckpointFiles, resumed_file, save_tensors
 from .stability import _Attachable, _SelfRestoring, _warn_once
 
 
@@ -38,6 +43,15 @@ __all__ = ["DEFAULT_TARGETS", "MSignCallback", "RepresentationDriftCallback", "S
 logger = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = r"layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$"
+STATE_SUBDIR = "stable_monitors"  # in checkpoint-N: the monitors' tensors, one safetensors file per callback name
+
+
+def _load_tensors(args, state, name: str) -> dict[str, torch.Tensor] | None:
+    """The tensors a monitor named ``name`` saved in the checkpoint this run resumed from, or ``None``."""
+    from safetensors.torch import load_file
+
+    path = resumed_file(args, state, os.path.join(STATE_SUBDIR, f"{name}.safetensors"))
+    return load_file(path) if path is not None else None
 
 
 def _refuse_zero3(model, who: str) -> None:
@@ -84,7 +98,7 @@ def _targets(model, pattern: str) -> list[tuple[str, torch.nn.Module]]:
 
 
 # -- stable rank ------------------------------------------------------------------------------------------------
-class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
+class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
     """Log the stable rank ``‖W‖_F²/‖W‖₂²`` of target matrices every ``every`` steps and warn on collapse.
 
     Args:
@@ -97,6 +111,11 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         log_per_matrix: also log ``stable/srank/<module name>``.
 
     Metrics: ``stable/srank/min``, ``stable/srank/median``, ``stable/srank/collapse`` (1 when any matrix alarms).
+
+    Resume: the histories are JSON (``ExportableState``); the warm-start vectors are tensors, saved in
+    ``checkpoint-N/stable_monitors/<name>.safetensors`` (without them the resumed power iterations start cold and
+    the logged ranks differ slightly). First vectors come from a generator seeded with ``args.seed``, never from the
+    global RNG that training draws from.
     """
 
     def __init__(
@@ -136,6 +155,7 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
         self.recent: dict[str, list[float]] = {}
         self.measured_steps: list[int] = []
         self._vectors: dict[str, torch.Tensor] = {}
+        self._generator: torch.Generator | None = None
         self._pending: dict = {}
         self._trainer_ref = None
 
@@ -162,7 +182,12 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 w = _effective_weight(module, self.effective_lora)
                 if w is None:
                     continue
-                sigma, v = spectral_norm(w, self._vectors.get(name), self.power_iters, self.exact_below)
+                v = self._vectors.get(name)
+                if v is None and max(w.shape) >= self.exact_below:  # power iterations: a seeded first vector
+                    if self._generator is None:
+                        self._generator = torch.Generator().manual_seed(0)
+                    v = torch.randn(min(w.shape), generator=self._generator)
+                sigma, v = spectral_norm(w, v, self.power_iters, self.exact_below)
                 if v is not None:
                     self._vectors[name] = v
                 out[name] = float(stable_rank(w, sigma))
@@ -170,7 +195,20 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         _refuse_zero3(model, "StableRankMonitorCallback")
-        if not self._self_restore(state) and not self.first:
+        self._generator = torch.Generator().manual_seed(args.seed)
+        restored = self._self_restore(state)
+        if restored:
+            vectors = _load_tensors(args, state, self.name)
+            if vectors is None:
+                _warn_once(
+                    self,
+                    "no_vectors",
+                    f"StableRankMonitorCallback: the checkpoint holds no {STATE_SUBDIR}/{self.name}.safetensors; the "
+                    "power iterations restart from fresh vectors (the logged stable ranks differ slightly).",
+                    state,
+                )
+            self._vectors = dict(vectors or {})
+        if not restored and not self.first:
             self._record(0, self.measure(model), state)
         if not self.first:
             raise ValueError(
@@ -181,6 +219,10 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0:
             self._record(state.global_step, self.measure(model), state)
+
+    def _write_checkpoint_files(self, folder, args, state) -> None:
+        if args.should_save:
+            save_tensors(os.path.join(folder, STATE_SUBDIR, f"{self.name}.safetensors"), self._vectors)
 
     def _record(self, step: int, values: dict[str, float], state) -> None:
         self.measured_steps.append(step)
@@ -330,7 +372,7 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
 _PROBES: dict[str, object] = {}  # name -> probe set, so a callback transformers re-instantiates finds its probes
 
 
-class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
+class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
     """How much the geometry of a fixed probe set's representations changes (our reconstruction of an unsupervised
     geometric-stability measure from its abstract): Spearman ρ between the pairwise cosine distances of the probe
     representations now and at the reference (``"initial"``: before training; ``"previous"``: the last measurement),
@@ -346,7 +388,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         batch_size: probe sequences per forward.
 
     The ``"initial"`` reference is saved once (main process) as
-    ``output_dir/stable_drift/<name>/reference.safetensors`` and read back on resume.
+    ``output_dir/stable_drift/<name>/reference.safetensors``. Resume: the history and the robust window are JSON
+    (``ExportableState``); the current reference (the initial one, or with ``"previous"`` the last measurement,
+    which the resumed weights need not reproduce when the checkpoint falls between measurements) is saved in
+    ``checkpoint-N/stable_monitors/<name>.safetensors`` and read back first.
 
     Metrics: ``stable/drift/rdm_spearman``, ``stable/drift/cka`` (mean over ``layers``), ``stable/drift/alarm``.
     """
@@ -458,6 +503,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if self._batch["input_ids"].shape[0] < 3:
             raise ValueError("RepresentationDriftCallback needs at least 3 probe sequences.")
         self._self_restore(state)
+        saved = _load_tensors(args, state, self.name) if state.global_step > 0 else None
+        if saved is not None and len(saved) == len(self.layers):
+            self._reference = [saved[f"layer{i}"] for i in range(len(self.layers))]
+            return
         path = self._reference_path(args)
         if state.global_step > 0 and self.reference == "initial" and os.path.isfile(path):
             from safetensors.torch import load_file
@@ -508,6 +557,11 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, TrainerCallback):
                 f"{drift:.3g} (RDM Spearman {rho:.3g}, CKA {cka:.3g}) jumped beyond its alarm."
             )
         self._pending = {"stable/drift/rdm_spearman": rho, "stable/drift/cka": cka, "stable/drift/alarm": float(alarm)}
+
+    def _write_checkpoint_files(self, folder, args, state) -> None:
+        if args.should_save and self._reference is not None:
+            reference = {f"layer{i}": x for i, x in enumerate(self._reference)}
+            save_tensors(os.path.join(folder, STATE_SUBDIR, f"{self.name}.safetensors"), reference)
 
     def pop_pending_metrics(self) -> dict:
         pending, self._pending = self._pending, {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import torch
 from transformers import TrainerCallback
@@ -16,6 +17,7 @@ from ..stability.nograd import own_forward
 
 logger = logging.getLogger(__name__)
 PROBE_ROWS = 64  # rows the guard scores at each check: enough for a stable mean, cheap on any model
+HEALTHY_FILE = "collapse_guard_healthy.safetensors"  # in checkpoint-N when N falls between two checks
 
 
 def unlearning_callbacks(trainer) -> list[TrainerCallback]:
@@ -56,9 +58,17 @@ class DualAscentCallback(TrainerCallback):
     def __init__(self, trainer):
         self.trainer = trainer
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # transformers saves a checkpoint at an epoch's last step before `on_epoch_end`, and a run resumed from it
+        # starts with the next epoch: the update it missed is made now, from the same (checkpointed) weights
+        done = self.trainer._dual_epochs  # None: a checkpoint from before this count was kept
+        if state.global_step > 0 and done is not None and done < int(state.epoch or 0):
+            self.on_epoch_end(args, state, control)
+
     def on_epoch_end(self, args, state, control, **kwargs):
         retain = _mean_nll(self.trainer, self.trainer._retain_rows).mean().item()
         self.trainer.dual_update_from(retain)
+        self.trainer._dual_epochs = int(state.epoch or 0)
 
 
 class CollapseGuardCallback(TrainerCallback):
@@ -66,7 +76,8 @@ class CollapseGuardCallback(TrainerCallback):
     start, ``collapse_retain_floor``), or the forget answer probability falls below ``collapse_forget_floor`` × the
     holdout probability at the start (answers pushed far below chance — gradient ascent's signature). With
     ``collapse_restore_best`` the trainable weights of the last healthy check are restored. The starting statistics
-    are checkpointed, so a resumed run compares against the same start.
+    are checkpointed, so a resumed run compares against the same start. The healthy weights are the checkpoint's own
+    when it falls on a check; between checks they are saved with it (``checkpoint-N/`` + ``HEALTHY_FILE``).
     """
 
     def __init__(self, trainer):
@@ -85,12 +96,47 @@ class CollapseGuardCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         t = self.trainer
         if "start_forget_prob" in t._guard_state:  # resumed: keep the start of the original run
+            self.tripped = "tripped_at" in t._guard_state
+            if state.global_step % args.collapse_check_steps == 0:
+                self._snapshot()  # the checkpoint's weights are those of its step's (healthy) check
+            elif args.collapse_restore_best:
+                self.healthy = self._saved_healthy(args, state)
+                if self.healthy is None:
+                    logger.warning(
+                        f"Resumed at step {state.global_step}, between collapse checks, without {HEALTHY_FILE}: until "
+                        "the next healthy check a collapse restores the weights of the resumed step."
+                    )
+                    self._snapshot()
             return
         start = self._measure()
         t._guard_state.update({f"start_{k}": v for k, v in start.items()})
         if t._holdout_rows:
             t._guard_state["holdout_prob"] = (-_mean_nll(t, t._holdout_rows[:PROBE_ROWS])).exp().mean().item()
         self._snapshot()
+
+    @staticmethod
+    def _saved_healthy(args, state) -> dict[str, torch.Tensor] | None:
+        from safetensors.torch import load_file
+
+        from ._checkpoint_files import resumed_file
+
+        path = resumed_file(args, state, HEALTHY_FILE)
+        return load_file(path) if path is not None else None
+
+    _written_step: int | None = None
+
+    def write_checkpoint_state(self, folder, args, state) -> None:
+        """Called by the trainer's atomic save with the staged folder (see `_checkpoint_files`)."""
+        from ._checkpoint_files import save_tensors
+
+        self._written_step = state.global_step
+        on_check = state.global_step % args.collapse_check_steps == 0  # then the checkpoint's weights are healthy
+        if self.healthy is not None and not on_check and args.should_save:
+            save_tensors(os.path.join(folder, HEALTHY_FILE), self.healthy)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._written_step != state.global_step:  # a trainer without the atomic-save hook
+            self.write_checkpoint_state(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), args, state)
 
     def _snapshot(self):
         if self.trainer.args.collapse_restore_best:

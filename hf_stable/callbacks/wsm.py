@@ -11,8 +11,9 @@ Snapshot grid: steps `t ≥ warm-up` with `(t − window_start) % s == 0`, ancho
 with `"eval"` or `"save"` it starts right after warm-up, and merges made before the window has `k` deltas use the
 `m < k` deltas there are (the same decay shape over the shorter window).
 
-State survives: `on_save` writes `checkpoint-N/wsm_state/` (one safetensors file per window member + `wsm_state.json`)
-and a resumed run (`state.global_step > 0` at `on_train_begin`) reads it back, so resume == uninterrupted.
+State survives: `checkpoint-N/wsm_state/` holds the window (one safetensors file per member + `wsm_state.json`),
+written inside the hf_stable trainers' atomic save (`_checkpoint_files`; in `on_save` under other trainers), and a
+resumed run (`state.global_step > 0` at `on_train_begin`) reads it back, so resume == uninterrupted.
 
 Distributed: under one process or DDP the replicas are identical, so only the main process keeps the window and
 writes; merged evaluation broadcasts the merged tensors to the other ranks. Under FSDP2 / ZeRO-3 every rank keeps the
@@ -41,6 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import distributed as dist
 from ..merging.wsm import QUADRATURES, wsm_weights
+from ._checkpoint_files import CheckpointFiles
 
 
 logger = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def _available_ram() -> int | None:
             return None
 
 
-class WSMCallback(TrainerCallback):
+class WSMCallback(CheckpointFiles, TrainerCallback):
     """Warmup-Stable and Merge: checkpoint merging that emulates a learning-rate decay (arXiv 2507.17634).
 
     Args:
@@ -365,10 +367,13 @@ class WSMCallback(TrainerCallback):
         if metrics is not None:
             metrics.update(extra)
 
-    def on_save(self, args, state, control, model=None, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+    def _write_checkpoint_files(self, folder, args, state) -> None:
         if self.holds_window and (args.should_save or self.mode == "sharded"):
             self.save_state(folder, state.global_step)
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        super().on_save(args, state, control)  # the window, unless the trainer's atomic save already wrote it
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if "save" in self.merge_at and len(self.steps) >= 2:
             self._write_merged(args, state, model, os.path.join(folder, self.output_subdir), **kwargs)
         dist.barrier()

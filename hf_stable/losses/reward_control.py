@@ -381,7 +381,9 @@ class HypervolumeController(RewardWeightController):
     def state_dict(self):
         if self.reference is None:
             return {}
-        return {"reference": self.reference, "front": self.front, "multiplier": torch.tensor(self.multiplier)}
+        # float64: the multiplier is a Python float, and a float32 copy would round it
+        multiplier = torch.tensor(self.multiplier, dtype=torch.float64)
+        return {"reference": self.reference, "front": self.front, "multiplier": multiplier}
 
     def load_state_dict(self, state):
         if "reference" in state:

@@ -31,6 +31,7 @@ from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
 from ..stability.signals import StabilitySignalsMixin
+from . import _grpo_buffer
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
 from .loss_inputs import LossModeInputsMixin
@@ -354,7 +355,8 @@ class StableGRPOTrainer(
         meta = {"trainer": type(self).__name__, "reward_weighting": self.args.reward_weighting}
         if self._snr is not None:
             meta["snr"] = self._snr.state_dict()
-        return tensors, meta
+        buffer, position = _grpo_buffer.pack(self)  # TRL's generation buffer, when a checkpoint falls inside it
+        return {**tensors, **buffer}, {**meta, **position}
 
     def _load_stable_state(self, tensors, meta):
         if meta.get("reward_weighting", StableGRPOConfig.reward_weighting) != self.args.reward_weighting:
@@ -368,6 +370,7 @@ class StableGRPOTrainer(
             )
         if self._snr is not None and "snr" in meta:
             self._snr.load_state_dict(meta["snr"])
+        _grpo_buffer.unpack(self, tensors, meta)
 
     def _card_sections(self) -> CardSections:
         weights = [round(w, 6) for w in self._controller.weights.tolist()]

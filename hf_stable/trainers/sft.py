@@ -351,7 +351,8 @@ class StableSFTTrainer(
 
     def _stable_state(self):
         tensors = {"fl_multipliers": self._multipliers} if self._reweighting is not None else {}
-        meta = {"trainer": type(self).__name__, "probe": self._probe}
+        # TRL's `num_tokens` metric counts in `_total_train_tokens`, which transformers does not checkpoint
+        meta = {"trainer": type(self).__name__, "probe": self._probe, "num_tokens": self._total_train_tokens}
         return tensors, meta
 
     def _load_stable_state(self, tensors, meta):
@@ -363,6 +364,7 @@ class StableSFTTrainer(
         if self.args.needs_probe and meta.get("probe") is not None:
             self._probe = meta["probe"]
             self._objective = self._resolve_objective(self._probe)
+        self._total_train_tokens = meta.get("num_tokens", self._total_train_tokens)
 
     def _card_sections(self) -> CardSections:
         args = self.args

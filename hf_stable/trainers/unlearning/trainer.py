@@ -160,6 +160,7 @@ class UnlearningTrainer(
         self._lambda = float(args.pdu_lambda0)
         self._eps = args.pdu_eps if isinstance(args.pdu_eps, float) else None
         self._guard_state: dict[str, float] = {}
+        self._dual_epochs: int | None = 0  # epochs whose end-of-epoch dual update ran (pdu_dual_update="epoch")
         self.relearn_report: dict | None = None
         for callback in unlearning_callbacks(self):
             self.add_callback(callback)
@@ -340,7 +341,7 @@ class UnlearningTrainer(
         super().log(logs, *args, **kwargs)
 
     def _stable_state(self):
-        meta = {"lambda": self._lambda, "eps": self._eps, "guard": self._guard_state}
+        meta = {"lambda": self._lambda, "eps": self._eps, "guard": self._guard_state, "dual_epochs": self._dual_epochs}
         tensors = {REF_LOGPS_KEY: self._ref_seq_logps} if self._ref_seq_logps is not None else {}
         return tensors, meta
 
@@ -348,6 +349,7 @@ class UnlearningTrainer(
         self._lambda = float(meta.get("lambda", self._lambda))
         self._eps = meta.get("eps", self._eps)
         self._guard_state = dict(meta.get("guard", {}))
+        self._dual_epochs = meta.get("dual_epochs")
         if REF_LOGPS_KEY in tensors:
             self._ref_seq_logps = tensors[REF_LOGPS_KEY]
         elif self.args.needs_reference_logps and self.args.precompute_ref_logps:
