@@ -4,6 +4,7 @@ written independently (groupby + sorted counts), TRL's call signature, and one G
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
@@ -96,3 +97,33 @@ def test_trl_call_signature_and_one_grpo_step(tmp_path):
     assert [len(list(run)) for _, run in itertools.groupby(prompts)] == [G] * (len(prompts) // G)
     assert rewards == _reference(prompts, [c.strip() for c in completions])
     assert 0 < sum(rewards) < len(rewards) and delta.abs().max() > 0
+
+
+# a batch of 3 groups of 4 over 2 processes (6 completions each): the middle group is split, and its halves alone
+# would each vote for their first-seen answer ("7" on rank 0, "8" on rank 1) where the whole group votes "8"
+SPLIT_PROMPTS = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+SPLIT_ANSWERS = ["1", "1", "2", "3", "7", "8", "8", "9", "", "5", "5", "6"]
+
+
+def _split_worker(rank, world_size, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    n = len(SPLIT_PROMPTS) // world_size
+    local = slice(rank * n, (rank + 1) * n)
+    rewards = majority_vote(SPLIT_PROMPTS[local], SPLIT_ANSWERS[local])
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(rewards, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_group_split_across_processes_votes_as_one(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_split_worker, args=(2, str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True)
+    gathered = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    expected = _reference(SPLIT_PROMPTS, SPLIT_ANSWERS)
+    assert gathered[0] + gathered[1] == expected
+    assert expected[4:8] == [0.0, 1.0, 1.0, 0.0]
+    assert majority_vote(SPLIT_PROMPTS[:6], SPLIT_ANSWERS[:6])[4:] == [1.0, 0.0]  # what rank 0 alone would give

@@ -66,8 +66,9 @@ def majority_vote(prompts, completions, **kwargs) -> list[float]:
     completion, else its stripped text; 1.0 where it equals the group's most common non-empty answer (ties: the first
     seen).
 
-    Each process votes over the completions it holds: when a group is split across processes (a per-process
-    generation batch that is not a multiple of ``num_generations``), each part votes alone. Use
+    Under ``torch.distributed`` the vote is over the whole generation batch: TRL gives process ``p`` the ``p``-th
+    slice of it and calls the reward functions on every process, so the (prompt, answer) lists are all-gathered in
+    rank order, voted on, and this process's slice is returned; a group split across processes votes as one. Use
     [`MajorityVoteReward`] with your own ``extract`` for other answer formats.
 
     Args:
@@ -80,12 +81,27 @@ def majority_vote(prompts, completions, **kwargs) -> list[float]:
     if len(prompts) != len(completions):
         raise ValueError(f"majority_vote: {len(prompts)} prompts for {len(completions)} completions.")
     answers = [last_boxed_or_text(_text(c)) for c in completions]
+    parts, rank = _all_processes((list(prompts), answers))
+    offset = sum(len(part[1]) for part in parts[:rank])
+    prompts = [p for part in parts for p in part[0]]
+    answers = [a for part in parts for a in part[1]]
     rewards, start = [], 0
     for end in range(1, len(answers) + 1):
         if end == len(answers) or prompts[end] != prompts[start]:
             rewards.extend(_vote(answers[start:end]))
             start = end
-    return rewards
+    return rewards[offset : offset + len(completions)]
+
+
+def _all_processes(item) -> tuple[list, int]:
+    """``item`` of every process in rank order, and this process's rank (``[item], 0`` without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [item], 0
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, item)
+    return parts, dist.get_rank()
 
 
 class MajorityVoteReward:
