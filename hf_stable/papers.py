@@ -390,3 +390,44 @@ PAPERS = {
         ),
     )
 }
+
+# Seed methods recorded after the first release (ids checked against the arXiv abstract pages): the innovation
+# probe and the drift monitor (reconstructions from their abstracts), and the label-free majority vote.
+PAPERS.update(
+    {
+        p.key: p
+        for p in (
+            _arxiv(
+                "innovation_probe",
+                "Automatic Stability and Recovery for Neural Network Training",
+                "2601.17483",
+                2026,
+                "Or, Barak",
+            ),
+            _arxiv(
+                "geometric_canary",
+                "The Geometric Canary: Predicting Steerability and Detecting Drift via Representational Stability",
+                "2604.17698",
+                2026,
+                "Raju, Prashant C.",
+            ),
+            _arxiv(
+                "ttrl",
+                "TTRL: Test-Time Reinforcement Learning",
+                "2504.16084",
+                2025,
+                "Zuo, Yuxin and Zhang, Kaiyan and Sheng, Li and Qu, Shang and Cui, Ganqu and Zhu, Xuekai and Li, "
+                "Haozhan and Zhang, Yuchen and Long, Xinwei and Hua, Ermo and Qi, Biqing and Sun, Youbang and Ma, "
+                "Zhiyuan and Yuan, Lifan and Ding, Ning and Zhou, Bowen",
+            ),
+            _arxiv(
+                "certified_self_consistency",
+                "Certified Self-Consistency: Statistical Guarantees and Test-Time Training for Reliable Reasoning in "
+                "LLMs",
+                "2510.17472",
+                2025,
+                "Cordero-Encinar, Paula and Duncan, Andrew B.",
+            ),
+        )
+    }
+)

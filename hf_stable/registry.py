@@ -365,6 +365,7 @@ _METHOD_MODULES = (
     "hf_stable.losses.policy",
     "hf_stable.losses.reward_control",
     "hf_stable.callbacks.snr_lr",
+    "hf_stable.callbacks.declarations",
     "hf_stable.losses.unlearning",
     "hf_stable.trainers.unlearning.methods",
     "hf_stable.rewards",

@@ -1,8 +1,9 @@
 """Reward functions that ship with hf_stable, usable in TRL's `reward_funcs` (and by name from `hf-stable grpo`)."""
 
+from ..papers import PAPERS
 from ..registry import Registry
 from .exact_match import arithmetic_reward
-from .majority import MajorityVoteReward, majority_vote_reward
+from .majority import MajorityVoteReward, last_boxed_or_text, majority_vote, majority_vote_reward
 from .noise import noisy_reward
 from .stable_rank import StableRankReward, stable_rank
 
@@ -11,12 +12,19 @@ REWARD_FUNCTIONS = Registry("reward_function", "reward functions resolvable by n
 REWARD_FUNCTIONS.register(
     "arithmetic_exact_match", paper="hf_stable.testing verifier", url="https://github.com/hf-stable/hf_stable"
 )(arithmetic_reward)
+REWARD_FUNCTIONS.register(
+    "majority_vote",
+    paper=PAPERS["ttrl"],
+    description="1.0 where the answer (last \\boxed{...}, else the text) is its prompt group's majority (TTRL)",
+)(majority_vote)
 
 __all__ = [
     "REWARD_FUNCTIONS",
     "MajorityVoteReward",
     "StableRankReward",
     "arithmetic_reward",
+    "last_boxed_or_text",
+    "majority_vote",
     "majority_vote_reward",
     "noisy_reward",
     "stable_rank",
