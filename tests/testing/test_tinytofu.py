@@ -282,8 +282,8 @@ def test_cache_round_trip_is_atomic(reduced, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_reduced_sft_memorises_forget_set_and_oracle_does_not(reduced, tmp_path):
     """CI smoke: full-model forget accuracy >= 0.95, oracle forget accuracy <= 0.15."""
-    # Its run time is the demo's concern (timed in benchmarks/examples_runtime.py and the demo's log), not asserted
-    # here: a wall-clock bound fails on a loaded machine while the model is right.
+    # Its run time is a budget of the demo, not asserted here: a wall-clock bound fails on a loaded machine while the
+    # model is right.
     full, full_info = train_tinytofu(reduced, "full", cache_dir=tmp_path, max_extensions=1)
     oracle, oracle_info = train_tinytofu(reduced, "oracle", cache_dir=tmp_path, max_extensions=1)
     tok = reduced.tokenizer
