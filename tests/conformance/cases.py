@@ -53,6 +53,12 @@ def _grpo() -> list[Case]:
         Case("num_iterations=2, off_policy_mask_threshold", "num_iterations",
              {"num_iterations": 2, "max_steps": 2, "off_policy_mask_threshold": 0.01}),
         Case("gradient_accumulation_steps=2", "batching", {"gradient_accumulation_steps": 2}),
+        Case("temperature, top_k, top_p, repetition_penalty", "generation",
+             {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "repetition_penalty": 1.1}, {"rollout": False}),
+        Case("cast_lm_head_to_fp32", "precision", {"cast_lm_head_to_fp32": True}),
+        Case("evaluation, num_generations_eval=2", "evaluation",
+             {"eval_strategy": "steps", "eval_steps": 1, "num_generations_eval": 2, "per_device_eval_batch_size": 4},
+             {"eval": True}),
         Case("reward_weights=[1, 0.5]", "multiple rewards", {"reward_weights": [1.0, 0.5]}),
         Case("multi_objective_aggregation=normalize_then_sum", "multiple rewards",
              {"multi_objective_aggregation": "normalize_then_sum"}),
@@ -81,6 +87,7 @@ def _sft() -> list[Case]:
              {"packing": True, "packing_strategy": "wrapped", "max_length": 24}),
         Case("pad_to_multiple_of=8, max_length=8", "padding", {"pad_to_multiple_of": 8, "max_length": 8}),
         Case("gradient_accumulation_steps=2", "batching", {"gradient_accumulation_steps": 2}),
+        Case("evaluation", "evaluation", {"eval_strategy": "steps", "eval_steps": 1}, {"eval": True}),
     ]  # fmt: skip
 
 

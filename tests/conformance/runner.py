@@ -14,7 +14,9 @@ from hf_stable.testing import arithmetic_dataset, arithmetic_reward, build_tiny_
 
 
 # metrics that measure time, not the update
-TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+TIMING = {
+    f"{split}_{what}" for split in ("train", "eval") for what in ("runtime", "samples_per_second", "steps_per_second")
+} | {"step_time"}
 
 
 def _trainers(kind, ours):
@@ -116,6 +118,8 @@ def run(kind: str, case, out: str, ours: bool, model_dir: str | None = None):
         base = {**STEP_ARGS, "learning_rate": 1e-2, "logging_steps": 1, "per_device_train_batch_size": batch,
                 "seed": 0}  # fmt: skip
         kwargs = {"train_dataset": _sft_data(case.setup)}
+    if case.setup.get("eval"):
+        kwargs["eval_dataset"] = kwargs["train_dataset"]
     args = config_cls(out, **{**base, **config})
     if peft:
         kwargs["peft_config"] = peft_configs()[peft]()
