@@ -2,9 +2,10 @@
 config for TRL's trainer and ours (the same config, every hf_stable flag at its default), and each TRL option an
 hf_stable method cannot honour, as a refusal case.
 
-Enumerated from `tests/test_grpo_trainer.py` and `tests/test_sft_trainer.py` of TRL's repository; the cases are
-written for this repository's tiny models and tasks. `docs/compatibility.md` is generated from these lists
-(`test_compatibility_page_is_generated`).
+Enumerated from `tests/test_grpo_trainer.py` and `tests/test_sft_trainer.py` of TRL's repository (read at commit
+f2cd577 of its main branch, which is newer than the TRL 1.16 the tests run against; every option used here exists in
+1.16); the cases are written for this repository's tiny models and tasks. `docs/compatibility.md` is generated from
+these lists (`test_compatibility_page_is_generated`).
 """
 
 from __future__ import annotations
