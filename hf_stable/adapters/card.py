@@ -1,6 +1,8 @@
-"""What a model card says about the adapters a model carries (used by both trainers' `create_model_card`)."""
+"""What a model card says about the adapters a model carries (used by every trainer's `create_model_card`)."""
 
 from __future__ import annotations
+
+import enum
 
 from ..papers import PAPERS
 
@@ -13,6 +15,11 @@ def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
     papers, lines, settings, tags = [], [], {}, []
     for name, config in (getattr(model, "peft_config", None) or {}).items():
         variant = getattr(config, "hf_stable_variant", None)
+        kind = _peft_kind(config)
+        if variant is None and kind != "lora":  # IA3, LoHa, prompt/prefix tuning, ...: no rank or alpha to report
+            fields = {k: _plain(getattr(config, k)) for k in _SETTINGS if hasattr(config, k)}
+            settings[name] = {"variant": kind, **fields}
+            continue
         entry = {"variant": variant or "lora", "r": config.r, "target_modules": _plain(config.target_modules)}
         if variant == "map":
             papers.append(PAPERS["map"])
@@ -41,5 +48,20 @@ def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
     return list(dict.fromkeys(papers)), lines, ({"adapters": settings} if settings else {}), tags
 
 
+# the fields a card reports for a non-LoRA PEFT method, when its config has them (PEFT's own names)
+_SETTINGS = (
+    "r", "alpha", "target_modules", "feedforward_modules", "num_virtual_tokens", "prompt_tuning_init",
+    "encoder_hidden_size", "encoder_reparameterization_type", "prefix_projection",
+)  # fmt: skip
+
+
+def _peft_kind(config) -> str:
+    """PEFT's method name in lower case (`lora`, `ia3`, `loha`, `prompt_tuning`, `p_tuning`, ...)."""
+    kind = getattr(config, "peft_type", None)
+    return str(getattr(kind, "value", kind) or "unknown").lower()
+
+
 def _plain(value):
+    if isinstance(value, enum.Enum):  # PEFT's `PromptTuningInit`, `PromptEncoderReparameterizationType`: YAML-safe
+        return value.value
     return sorted(value) if isinstance(value, (set, frozenset)) else value

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import types
 
 import torch
@@ -33,8 +34,11 @@ __all__ = [
     "foreign_forwards",
     "outside_module",
     "own_forward",
+    "repair_trl_fused_forwards",
     "trainable_parameters",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class NoGradientError(RuntimeError):
@@ -115,6 +119,31 @@ def own_forward(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def repair_trl_fused_forwards(model, trainer_name: str):
+    """Remove, from a model handed to an hf_stable trainer, TRL's fused-LM-head forwards that reach *another* model
+    (the deep-copy trap of [`own_forward`]), logging one info line; return ``model``.
+
+    Only TRL's ``_fused_forward`` is removed: its plain path calls the class forward anyway, so the repair changes
+    nothing but which weights run. Any other foreign forward is left as it is (we cannot know what it is for), and
+    the no-gradient check still names it. A model name (``str``) is returned unchanged.
+    """
+    if not isinstance(model, torch.nn.Module):
+        return model
+    modules = dict(model.named_modules())
+    repaired = []
+    for name, fn_name, _ in foreign_forwards(model):
+        if _is_trl_fused_forward(modules[name].__dict__["forward"]):
+            del modules[name].forward
+            repaired.append(f"`{name or type(model).__name__}` ({fn_name})")
+    if repaired:
+        logger.info(
+            f"{trainer_name}: removed TRL's fused LM-head forward from {', '.join(repaired)}; it called another "
+            "model object (a copy.deepcopy of a model TRL's SFTTrainer patched), so this copy would not have trained. "
+            "The model's class forward is used."
+        )
+    return model
+
+
 def diagnose_no_gradient(model: torch.nn.Module) -> str:
     """A sentence naming the likely cause when no trainable parameter received a gradient."""
     hits = foreign_forwards(model)
@@ -151,8 +180,9 @@ class OwnForwardMixin:
     ``SFTTrainer.__init__`` patches ``model.forward`` on the instance with TRL's fused LM head (``_fused_forward`` of
     ``trl/trainer/utils.py``), which the loss needs. Left in place after training, a ``copy.deepcopy`` of the trained
     model keeps a closure over the trainer's model and trains the wrong weights (see [`diagnose_no_gradient`]). So the
-    patch is attached only while ``train``/``evaluate``/``predict`` (or a ``with trainer.fused_forward():`` block)
-    run, and removed when they return.
+    patch is attached only while ``train``/``evaluate``/``predict``/``compute_loss``/``prediction_step`` (or a
+    ``with trainer.fused_forward():`` block) run, and removed when they return: TRL's API keeps working after
+    training (``trainer.compute_loss(model, batch)`` returns what ``SFTTrainer`` returns).
     """
 
     _fused_patches: list | None = None
@@ -197,3 +227,12 @@ class OwnForwardMixin:
     def predict(self, *args, **kwargs):
         with self.fused_forward():
             return super().predict(*args, **kwargs)
+
+    # TRL's API outside `train`: `compute_loss` / `prediction_step` call `model(..., fused_lm_head=True)`
+    def compute_loss(self, *args, **kwargs):
+        with self.fused_forward():
+            return super().compute_loss(*args, **kwargs)
+
+    def prediction_step(self, *args, **kwargs):
+        with self.fused_forward():
+            return super().prediction_step(*args, **kwargs)

@@ -30,6 +30,7 @@ from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepCo
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
+from ..stability.nograd import repair_trl_fused_forwards
 from ..stability.signals import StabilitySignalsMixin
 from . import _grpo_buffer
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
@@ -88,10 +89,16 @@ class StableGRPOTrainer(
 
     def __init__(self, model, reward_funcs=None, args: StableGRPOConfig | None = None, *pargs, **kwargs):
         args = self._coerce_args(model, args)
-        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        model = repair_trl_fused_forwards(model, type(self).__name__)
+        if isinstance(reward_funcs, (list, tuple)):
+            reward_funcs = list(reward_funcs)
         intrinsic = INTRINSIC_REWARDS.active(args)
         extra_reward = None
         if intrinsic is not None:
+            # `None` is TRL's "the environment owns the reward" (`environment_factory` with `get_reward`), and stays
+            # `None` otherwise, so that TRL's own "no reward source" error reaches the user
+            reward_funcs = [] if reward_funcs is None else reward_funcs
+            reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
             # a reference copy is made now, before TRL patches `forward` with its fused LM head: a deep copy of a
             # patched model would keep running the original's weights
             extra_reward = intrinsic(lambda: self._load_reference(model, args), **intrinsic.params_from(args))
