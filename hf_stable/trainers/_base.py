@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..cards import CardSections, TrainingCard, method_sections, write_training_card
+from ..stability.nograd import repair_trl_fused_forwards
 from ._atomic import (
     STAGING_PREFIX,
     TRAINER_STATE,
@@ -285,9 +286,12 @@ class StableTrainerMixin:
     @classmethod
     def _coerce_args(cls, model, args):
         """``args`` as ``_config_class``: itself, a default (no args), or converted from another `TrainingArguments`
-        (an `SFTConfig`, `GRPOConfig`, ...) keeping every value; refused when it cannot run ([`refuse_unrunnable`])."""
+        (an `SFTConfig`, `GRPOConfig`, ...) keeping every value; refused when it cannot run ([`refuse_unrunnable`]).
+        Called first by every hf_stable trainer, so it also repairs, in place, a model whose TRL fused forward reaches
+        another model object ([`repair_trl_fused_forwards`]: the deep-copy trap)."""
         args = cls._convert_args(model, args)
         refuse_unrunnable(args)
+        repair_trl_fused_forwards(model, cls.__name__)
         return args
 
     @classmethod

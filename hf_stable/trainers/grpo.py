@@ -30,7 +30,6 @@ from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepCo
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
-from ..stability.nograd import repair_trl_fused_forwards
 from ..stability.signals import StabilitySignalsMixin
 from . import _grpo_buffer
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
@@ -89,7 +88,6 @@ class StableGRPOTrainer(
 
     def __init__(self, model, reward_funcs=None, args: StableGRPOConfig | None = None, *pargs, **kwargs):
         args = self._coerce_args(model, args)
-        model = repair_trl_fused_forwards(model, type(self).__name__)
         if isinstance(reward_funcs, (list, tuple)):
             reward_funcs = list(reward_funcs)
         intrinsic = INTRINSIC_REWARDS.active(args)

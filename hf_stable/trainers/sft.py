@@ -21,7 +21,7 @@ from trl import SFTTrainer
 from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.sft import SFT_SAMPLE_REWEIGHTING, SFT_SEQUENCE_OBJECTIVES, sequence_mean
-from ..stability.nograd import OwnForwardMixin, repair_trl_fused_forwards
+from ..stability.nograd import OwnForwardMixin
 from ..stability.signals import StabilitySignalsMixin
 from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from ._sft_data import INDEX_COLUMN, SIGN_COLUMN, ExtraColumnsCollator, SFTDataMixin
@@ -89,7 +89,6 @@ class StableSFTTrainer(
         **kwargs,
     ):
         args = self._coerce_args(model, args)
-        model = repair_trl_fused_forwards(model, type(self).__name__)
         if args.owns_loss and kwargs.get("compute_loss_func") is not None:
             raise ValueError(
                 f"`compute_loss_func` cannot be combined with sft_objective={args.sft_objective!r}, "

@@ -20,7 +20,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 from ...callbacks.stability import add_stability_callbacks
 from ...callbacks.unlearning import unlearning_callbacks
 from ...losses import unlearning as L
-from ...stability.nograd import repair_trl_fused_forwards
 from ...stability.signals import StabilitySignalsMixin
 from .._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
 from .card import unlearning_card_sections
@@ -90,7 +89,6 @@ class UnlearningTrainer(
         **kwargs,
     ):
         args = self._coerce_args(model, args)
-        model = repair_trl_fused_forwards(model, type(self).__name__)
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("UnlearningTrainer computes its own losses: `compute_loss_func` is not supported.")
         if isinstance(model, str):
