@@ -9,6 +9,7 @@ its own.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.resources as resources
@@ -112,16 +113,37 @@ def _error_lines(folder: str) -> list[str]:
     return lines
 
 
-def _launch(name: str, launch_argv: list[str], output_dir: str | None) -> int:
+def parse_launcher_args(launch_argv: list[str]):
+    """`accelerate launch`'s namespace; a bad value raises `ValueError` (one line) instead of printing its usage."""
+    from accelerate.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+
+    def refuse(message):
+        raise ValueError(f"accelerate launch: {message}")
+
+    parser.error = refuse
+    return parser.parse_args(launch_argv)
+
+
+def _launch(name: str, launch_args, output_dir: str | None) -> int:
     """`accelerate launch` with our own ending: each distinct rank error once, the interruption once, no launcher
     traceback. Returns the exit status."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        return _launch_and_report(name, launch_args, output_dir)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _launch_and_report(name: str, launch_args, output_dir: str | None) -> int:
     import logging
 
-    from accelerate.commands.launch import launch_command, launch_command_parser
+    from accelerate.commands.launch import launch_command
 
     from ..scripts.entry import ERROR_DIR_ENV, interrupted_message
 
-    launch_args = launch_command_parser().parse_args(launch_argv)
+    existed = bool(output_dir) and os.path.exists(output_dir)
     # torch's elastic agent (multi-process launches) logs each failed or stopped rank; the lines below say it once
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="hf-stable-errors-") as folder:
@@ -135,16 +157,24 @@ def _launch(name: str, launch_argv: list[str], output_dir: str | None) -> int:
             code = exit_.code if isinstance(exit_.code, int) else 1
         except subprocess.CalledProcessError as error:  # the one-process launcher
             code = error.returncode
+        except ValueError as error:  # accelerate refused its own settings (e.g. an accelerate config's values)
+            if os.environ.get("HF_STABLE_DEBUG"):
+                raise
+            print(f"hf-stable {name}: error: accelerate launch: {one_line(error)}", file=sys.stderr)
+            return 2
         except Exception as error:  # torch's ChildFailedError (several processes)
             if type(error).__name__ != "ChildFailedError":
                 raise
             code = 1
         finally:
             os.environ.pop(ERROR_DIR_ENV, None)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the ranks are gone: a second Ctrl-C must not cut this short
         if code == 0:
             return 0
         lines = _error_lines(folder)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: a second Ctrl-C must not cut this short
+    if output_dir and not existed:  # a folder the failed run created and left empty goes (rmdir: only if empty)
+        with contextlib.suppress(OSError):
+            os.rmdir(output_dir)
     if lines:
         print("\n".join(lines), file=sys.stderr)
         return 1
@@ -186,12 +216,13 @@ def _run_training_command(name: str, argv: list[str]) -> int:
         script_args, training_args = parsed[:2]
         hub_dry_run_repo(script_args, training_args)  # a dry run without push_to_hub fails here, not after training
         check_before_launch(name, tuple(parsed))
+        script_argv = _subtract_subsequence(argv, cli_remaining)
+        script = str(resources.files("hf_stable.scripts").joinpath(f"{name}.py"))
         launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+        launch_args = parse_launcher_args([*launch_args, script, *script_argv])
     except (ValueError, TypeError, OSError) as err:  # found before anything runs: one line, no traceback
         if os.environ.get("HF_STABLE_DEBUG"):
             raise
         print(f"hf-stable {name}: error: {one_line(err)}", file=sys.stderr)
         return 2
-    script_args = _subtract_subsequence(argv, cli_remaining)
-    script = str(resources.files("hf_stable.scripts").joinpath(f"{name}.py"))
-    return _launch(name, [*launch_args, script, *script_args], training_args.output_dir)
+    return _launch(name, launch_args, training_args.output_dir)
