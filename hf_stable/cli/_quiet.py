@@ -32,6 +32,12 @@ def silence_known_warnings() -> None:
     logging.getLogger("kernels._internals.hf_hub").addFilter(
         _DropMessage("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'")
     )
+    # `accelerate launch` without an accelerate config lists the defaults it used (one process, no mixed precision,
+    # no dynamo, one machine). hf-stable launches that way on purpose: the training config sets the precision
+    # (`bf16`, `fp16`) and `--accelerate_config` / `--num_processes` the processes (docs/cli.md).
+    logging.getLogger("accelerate.commands.launch").addFilter(
+        _DropMessage("The following values were not passed to `accelerate launch` and had defaults used instead")
+    )
     # transformers 5 renamed `gradient_checkpointing` to `activation_checkpointing`; TRL's configs still set the old
     # name as their default, so every TRL config built without the new name warns, whatever the user wrote.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)

@@ -12,6 +12,11 @@ Reward functions are named by registry name (`hf-stable list --family reward_fun
 by dotted import path.
 """
 
+if __name__ == "__main__":  # first: a Ctrl-C while the libraries load ends the rank quietly (scripts/entry.py)
+    from hf_stable.scripts.entry import quiet_interrupts
+
+    quiet_interrupts()
+
 import argparse
 from dataclasses import dataclass, field
 
@@ -38,6 +43,7 @@ def main(script_args, training_args, model_args, dataset_args):
     from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.rewards.resolve import resolve_reward_function
     from hf_stable.scripts.data import load_script_dataset
+    from hf_stable.scripts.entry import resume_argument
     from hf_stable.scripts.model import get_stable_peft_config
     from hf_stable.scripts.teardown import finish
 
@@ -64,7 +70,7 @@ def main(script_args, training_args, model_args, dataset_args):
         quantization_config=get_quantization_config(model_args),
         peft_config=get_stable_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=script_args.dataset_name or script_args.synthetic_dataset)
     trainer.accelerator.print(f"Model and card saved to {training_args.output_dir}.")
@@ -85,9 +91,6 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
-    from hf_stable.cli._quiet import silence_known_warnings
+    from hf_stable.scripts.entry import run_script
 
-    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
-    parser = make_parser()
-    script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
-    main(script_args, training_args, model_args, dataset_args)
+    run_script("grpo", make_parser, main)

@@ -13,6 +13,11 @@ python -m hf_stable.scripts.sft --model_name_or_path ./tiny --synthetic_dataset 
 Every `SFTConfig`/`ModelConfig` flag works; `StableSFTConfig` adds `sft_objective`, `objective_alpha`, ...
 """
 
+if __name__ == "__main__":  # first: a Ctrl-C while the libraries load ends the rank quietly (scripts/entry.py)
+    from hf_stable.scripts.entry import quiet_interrupts
+
+    quiet_interrupts()
+
 import argparse
 
 
@@ -22,6 +27,7 @@ def main(script_args, training_args, model_args, dataset_args):
     from hf_stable import StableSFTTrainer
     from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
     from hf_stable.scripts.data import load_script_dataset
+    from hf_stable.scripts.entry import resume_argument
     from hf_stable.scripts.model import get_stable_peft_config
     from hf_stable.scripts.teardown import finish
 
@@ -45,7 +51,7 @@ def main(script_args, training_args, model_args, dataset_args):
         quantization_config=get_quantization_config(model_args),
         peft_config=get_stable_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.save_model(training_args.output_dir)
     # collective-free and main-process only: names hf_stable and the objective, never a token
     trainer.create_model_card(dataset_name=script_args.dataset_name or script_args.synthetic_dataset)
@@ -68,9 +74,6 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
-    from hf_stable.cli._quiet import silence_known_warnings
+    from hf_stable.scripts.entry import run_script
 
-    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
-    parser = make_parser()
-    script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(fail_with_unknown_args=False)
-    main(script_args, training_args, model_args, dataset_args)
+    run_script("sft", make_parser, main)

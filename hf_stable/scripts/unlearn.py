@@ -16,6 +16,11 @@ After training the script evaluates (forget / retain / holdout metrics), writes 
 card with the metrics, and saves the model (adapters also merged into `output_dir/merged`).
 """
 
+if __name__ == "__main__":  # first: a Ctrl-C while the libraries load ends the rank quietly (scripts/entry.py)
+    from hf_stable.scripts.entry import quiet_interrupts
+
+    quiet_interrupts()
+
 import argparse
 import json
 import os
@@ -117,24 +122,23 @@ def main(script_args, training_args, model_args):
 
     from hf_stable import UnlearningTrainer
     from hf_stable.hub_plan import hub_dry_run_repo, push_or_plan
+    from hf_stable.scripts.entry import resume_argument
     from hf_stable.scripts.model import get_stable_peft_config
     from hf_stable.scripts.teardown import finish
 
     dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
     model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
-    try:
-        trainer = UnlearningTrainer(
-            model=model,
-            args=training_args,
-            forget_dataset=forget,
-            retain_dataset=retain,
-            processing_class=tokenizer,
-            holdout_dataset=holdout,
-            peft_config=get_stable_peft_config(model_args),
-        )
-    except ValueError as error:  # a refused setting, backend or data set: the message says what to change
-        raise SystemExit(f"hf-stable unlearn: {error}") from None
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    # a refused setting, backend or data set raises ValueError: `entry.run_script` prints it as one line
+    trainer = UnlearningTrainer(
+        model=model,
+        args=training_args,
+        forget_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        holdout_dataset=holdout,
+        peft_config=get_stable_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     report = None
     if script_args.evaluate:
         forget_eval = data.forget_eval if data is not None else None
@@ -178,9 +182,6 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, prog: str 
 
 
 if __name__ == "__main__":
-    from hf_stable.cli._quiet import silence_known_warnings
+    from hf_stable.scripts.entry import run_script
 
-    silence_known_warnings()  # before transformers, peft or bitsandbytes are imported
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config(fail_with_unknown_args=False)
-    main(script_args, training_args, model_args)
+    run_script("unlearn", make_parser, main)
