@@ -43,6 +43,7 @@ from .gram import GramAccumulator
 from .io.dtypes import torch_dtype
 from .io.reader import SafetensorsReader
 from .io.writer import OutputSpec, StreamingSafetensorsWriter
+from .methods.base import round_
 from .plan import RING_SLOTS, MergePlan, TensorPlan, build_plan
 from .quantile import RadixSelect
 from .ring import IOThread, Slot
@@ -362,6 +363,9 @@ class _Execution:
             return
         state = self.states.setdefault(tp.name, _State())
         xs = [v.reshape(-1) for v in slot.views]
+        if tp.compute_dtype in _ROUNDED:  # mergekit casts every input to the recipe's dtype when it loads it
+            cdt = torch_dtype(tp.compute_dtype)
+            xs = [x if x.dtype == cdt else x.to(cdt) for x in xs]
         n = xs[0].numel()
         offset = a * tp.row_numel
         if job.phase == "gram":
@@ -401,12 +405,13 @@ class _Execution:
         """`(N, m)` float32 inputs of a piece in the tensor's space (task vectors: `x_i − base`, in fp32)."""
         v = self.vbuf[: tp.n_inputs, :m]
         tv = tp.space == "task_vector"
+        cdt = _cdt(tp)
         if tv:
             self.basef[:m].copy_(xs[-1][s : s + m])
         for i in range(tp.n_inputs):
             v[i].copy_(xs[i][s : s + m])
             if tv:
-                v[i].sub_(self.basef[:m])
+                round_(v[i].sub_(self.basef[:m]), cdt)  # mergekit subtracts in its dtype
         return v
 
     def _gram_chunk(self, tp, state: _State, xs, n: int, rows) -> None:
@@ -447,7 +452,7 @@ class _Execution:
             else:
                 method.accumulate(state.sums, v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                   offset=offset + s, seed=self.config.seed, base=base, row_len=tp.row_len,
-                                  shape=tp.shape)  # fmt: skip
+                                  shape=tp.shape, cdt=_cdt(tp))  # fmt: skip
 
     def _end_phase(self, tp, state: _State, phase: str) -> None:
         if phase in ("gram", "kth_high", "kth_low", "sums"):
@@ -474,6 +479,10 @@ class _Execution:
         return torch.as_tensor(c, dtype=torch.float64)
 
     def _combine_gram(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows) -> None:
+        cdt = _cdt(tp)
+        if cdt is not None and getattr(tp.method, "rounded", False):
+            self._combine_rounded(tp, state, xs, n, out, rows, cdt)
+            return
         if state.coefficients is None:  # no Gram needed: coefficients from the weights alone
             state.coefficients = self._solve(tp, None)
         c = state.coefficients.to(torch.float32).tolist()
@@ -500,7 +509,21 @@ class _Execution:
                 self._accumulate_stats(tp, state, xs, s, m, a)
             out[s : s + m].copy_(a)
 
+    def _combine_rounded(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows, cdt) -> None:
+        """A gram method in a 16-bit compute dtype: mergekit's own order of operations (`rounded_combine`)."""
+        w32 = self._weights(tp, torch.float32)
+        for s, m in self._pieces(tp, n):
+            v = self._load(tp, xs, s, m)
+            merged = tp.method.rounded_combine(v, w32, tp.params, cdt)
+            if tp.space == "task_vector":
+                merged = round_(merged + self.basef[:m], cdt)
+            self._check_output(tp, merged, rows)
+            if self.diagnose:
+                self._accumulate_stats(tp, state, xs, s, m, merged)
+            out[s : s + m].copy_(merged)
+
     def _combine_elementwise(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
+        cdt = _cdt(tp)
         w32 = self._weights(tp, torch.float32)
         for s, m in self._pieces(tp, n):
             v = self._load(tp, xs, s, m)
@@ -509,9 +532,9 @@ class _Execution:
             base = self.basef[:m] if tp.space == "task_vector" else None
             merged = tp.method.combine(v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                        offset=offset + s, seed=self.config.seed, sums=state.sums, base=base,
-                                       row_len=tp.row_len, shape=tp.shape)  # fmt: skip
+                                       row_len=tp.row_len, shape=tp.shape, cdt=cdt)  # fmt: skip
             if base is not None:
-                merged = merged + base
+                merged = round_(merged + base, cdt)
             self._check_output(tp, merged, rows)
             if self.diagnose:
                 self._accumulate_stats(tp, state, xs, s, m, merged)
@@ -606,6 +629,15 @@ def _steady_allocator():
         libc.mallopt(m_mmap_threshold, 128 << 10)
         libc.mallopt(m_trim_threshold, 128 << 10)
         libc.malloc_trim(0)
+
+
+# Compute dtypes whose arithmetic is rounded to them (`plan.compute_dtype_of`); float32 is the engine's own.
+_ROUNDED = ("F16", "BF16")
+
+
+def _cdt(tp: TensorPlan):
+    """The torch dtype a tensor's arithmetic is rounded to, or None for the engine's float32."""
+    return torch_dtype(tp.compute_dtype) if tp.compute_dtype in _ROUNDED else None
 
 
 def _itemsize(dtype: str) -> int:

@@ -78,6 +78,8 @@ class TensorPlan:
     Attributes:
         name, shape: the output tensor.
         in_dtype: stored dtype of the first input (safetensors string); `out_dtype`: what is written.
+        compute_dtype: the dtype the merge's arithmetic is rounded to (`compute_dtype_of`): the recipe's `dtype`,
+            else the inputs' common dtype, as mergekit; `F32` with `fp32_arithmetic`.
         action: `"merge"` (the recipe's method), `"linear"` (matched `filter_exclude`) or `"copy"` (non-float).
         kind: `"gram"`, `"elementwise"` or `"copy"`. `space`: `"weights"` or `"task_vector"` (base subtracted).
         params: the method's resolved parameters; `weights`: per-model weights (`None` → 1 each).
@@ -111,6 +113,7 @@ class TensorPlan:
     read_bytes: int = 0
     write_bytes: int = 0
     source_bytes: int = 0
+    compute_dtype: str = "F32"
 
     @property
     def numel(self) -> int:
@@ -134,6 +137,7 @@ class TensorPlan:
             "shape": list(self.shape),
             "in_dtype": self.in_dtype,
             "out_dtype": self.out_dtype,
+            "compute_dtype": self.compute_dtype,
             "action": self.action,
             "kind": self.kind,
             "space": self.space,
@@ -256,6 +260,19 @@ class MergePlan:
 def _out_dtype(config: MergeConfig, first_input_dtype: str) -> str:
     name = config.out_dtype or config.dtype
     return DTYPE_NAMES[name] if name else first_input_dtype
+
+
+def compute_dtype_of(config: MergeConfig, input_dtypes: list[str]) -> str:
+    """The dtype a recipe's arithmetic is done in, as mergekit 0.1.5 does it (`io/tasks.py` `LoadTensor` casts every
+    input to the recipe's `dtype`; without one, `merge_methods/dtype.py` promotes the inputs' dtypes): the recipe's
+    `dtype`, else the inputs' dtype when they all share a 16-bit one, else `F32`. `fp32_arithmetic: true` forces
+    `F32` (inputs are not rounded; more precise, not mergekit's numbers)."""
+    if config.fp32_arithmetic:
+        return "F32"
+    if config.dtype:
+        return DTYPE_NAMES[config.dtype]
+    kinds = set(input_dtypes)
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"F16", "BF16"} else "F32"
 
 
 def open_checkpoint(path: str, label: str, allow_pickle: bool) -> ModelCheckpoint:
@@ -408,6 +425,7 @@ def build_plan(
         tp = TensorPlan(
             o.name, info.shape, info.dtype, _out_dtype(config, info.dtype), action, kind, space=space, method=m,
             params=params, weights=weights, sources=sources, row_numel=info.row_numel,
+            compute_dtype=compute_dtype_of(config, [checkpoints[s.label].tensors[s.name].dtype for s in sources]),
         )  # fmt: skip
         if kind == "gram":
             tp.needs_gram = bool(m.needs_gram(params))

@@ -216,10 +216,39 @@ class MergeMethod:
         """Method-specific checks on resolved params (cross-parameter rules)."""
 
 
+def round_(x: torch.Tensor, cdt: torch.dtype | None) -> torch.Tensor:
+    """`x` (float32) rounded in place to the compute dtype `cdt` and held in float32, or `x` unchanged (`cdt` None).
+
+    On CPU a float16/bfloat16 torch operation computes in float32 and rounds its result once (`sum` over a dimension
+    accumulates in float32 and rounds once), so a float32 operation followed by `round_` gives bitwise the value
+    mergekit's operation in `cdt` gives; the methods call it where mergekit's tensors are in the recipe's dtype.
+    """
+    if cdt is not None:
+        x.copy_(x.to(cdt))
+    return x
+
+
 class GramMethod(MergeMethod):
     """Output `[base +] Σ_i c_i v_i` with `c = coefficients(gram, weights, params)`."""
 
     kind = "gram"
+    # Whether `rounded_combine` replaces the coefficient combine when the arithmetic is in a 16-bit dtype.
+    rounded: ClassVar[bool] = False
+
+    def rounded_combine(
+        self, v: torch.Tensor, weights: torch.Tensor, params: Mapping[str, Any], cdt: torch.dtype
+    ) -> torch.Tensor:
+        """mergekit's operations in its order, rounded to `cdt` where mergekit's tensors are in it.
+
+        Args:
+            v: `(N, n)` float32 inputs in `space`, already rounded to `cdt` (task vectors rounded after the
+                subtraction).
+            weights: `(N,)` float32 per-model weights.
+
+        Returns:
+            `(n,)` float32 holding `cdt` values (the engine adds the base and rounds again).
+        """
+        raise NotImplementedError
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         """False when `coefficients` ignores the Gram (linear, task arithmetic, WSM): the engine may pass None."""
@@ -306,6 +335,7 @@ class ElementwiseMethod(MergeMethod):
             base: `(n,)` float32 base chunk for task-vector methods (the engine adds it back), else None.
             row_len: elements per logical row (row-local methods; chunks hold whole rows; a vector is one row).
             shape: the whole tensor's shape.
+            cdt: the 16-bit compute dtype whose roundings the method reproduces (`round_`), or None (float32).
 
         Returns:
             `(n,)` float32 merged vector in `space` (the engine adds the base for task vectors).

@@ -112,9 +112,8 @@ def build(root: str | Path) -> dict[str, str]:
 
 
 def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
-    """A recipe as both tools run it in the parity suite: model names → local folders, and a 16-bit `dtype` (which
-    is mergekit's compute dtype) turned into `dtype: float32` + `out_dtype: <it>`, because hf_stable always computes
-    in float32. So the arithmetic compared is float32 on both sides, rounded once to the recipe's dtype."""
+    """A recipe as both tools run it in the parity suite: model names → local folders, nothing else changed (the
+    recipe's `dtype` and `out_dtype` are run as written)."""
     import copy
 
     recipe = copy.deepcopy(recipe)
@@ -130,6 +129,4 @@ def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
         recipe["models"] = [local(m) for m in recipe["models"]]
     for sl in recipe.get("slices") or []:
         sl["sources"] = [local(s) for s in sl["sources"]]
-    if recipe.get("dtype") in ("float16", "bfloat16") and "out_dtype" not in recipe:
-        recipe["out_dtype"], recipe["dtype"] = recipe["dtype"], "float32"
     return recipe
