@@ -24,8 +24,8 @@ hf_stable extensions (top-level keys): `seed`, `memory_budget`, `max_shard_size`
 `filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`),
 `weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `fp32_arithmetic`
 (float32 arithmetic whatever `dtype` says: not mergekit's numbers), `name`. Unsupported
-mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` unions and added tokens,
-`tokenizer_source: union`, `chat_template`) are refused with a message saying so.
+mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` added tokens, `chat_template`,
+and `tokenizer_source: union` over differing vocabularies) are refused with a message saying so.
 
 This module imports no torch at import time (`import hf_stable.merging` stays cheap); method names and parameters are
 checked against `hf_stable.merging.methods` when a recipe is built.
@@ -386,8 +386,6 @@ class MergeConfig:
                 raise ValueError(f"{key}={value!r} is not supported; use one of {sorted(DTYPE_NAMES)}")
             if value is not None:
                 setattr(self, key, str(value).replace("torch.", ""))
-        if self.tokenizer_source == "union":
-            raise ValueError("tokenizer_source: union is not supported (vocabularies must match); use base or a model")
         if not isinstance(self.fp32_arithmetic, bool):
             raise ValueError(f"fp32_arithmetic must be true or false, got {self.fp32_arithmetic!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -542,7 +540,9 @@ class MergeConfig:
           recipes often list the base among the models, without parameters);
         * otherwise: `models` as given.
         """
-        if self.base_model is not None and not self.is_data_driven and self.method.base == "endpoint":
+        if self.base_model is not None and not self.is_data_driven and self.method.base_is_input(
+            self.method.resolve(self.global_parameters(self.slices[0] if self.slices else None))
+        ):
             others = [m for m in self.models if not m.same_model(self.base_model)]
             return [self.base_model, *others]
         if uses_base and self.base_model is not None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ._copy import copy_side_files
+from ._copy import check_tokenizer_source, copy_side_files
 from .card import CARD_FILE, RECIPE_FILE, merge_model_card, write_merge_card
 from .compat import check_equal_nonfloat, parse_size
 from .config import MergeConfig, load_recipe_dict
@@ -43,7 +43,7 @@ from .gram import GramAccumulator
 from .io.dtypes import torch_dtype
 from .io.reader import SafetensorsReader
 from .io.writer import OutputSpec, StreamingSafetensorsWriter
-from .methods.base import round_
+from .methods.base import ElementwiseMethod, round_
 from .plan import RING_SLOTS, MergePlan, TensorPlan, build_plan
 from .quantile import RadixSelect
 from .ring import IOThread, Slot
@@ -162,6 +162,7 @@ def merge(
     input_dirs = {Path(ck.folder).resolve() for ck in plan.checkpoints.values()}
     if out.resolve() in input_dirs:  # overwrite=True would delete an input
         raise ValueError(f"output folder {out} is one of the input models; choose another out_dir")
+    check_tokenizer_source(config, plan)
 
     readers = {label: SafetensorsReader(ck, drop_cache=config.drop_cache) for label, ck in plan.checkpoints.items()}
     try:
@@ -232,6 +233,7 @@ class _State:
     selectors: list[RadixSelect | None] | None = None
     thresholds: torch.Tensor | None = None
     sums: Any = None
+    ties: list | None = None
     stats: dict[str, Any] | None = None
     checked: bool = False
 
@@ -445,14 +447,14 @@ class _Execution:
                 self._check_inputs(tp, v, rows)
             base = self.basef[:m] if tp.space == "task_vector" else None
             if phase in ("kth_high", "kth_low"):
-                scores = method.score(v, base=base, row_len=tp.row_len)
+                scores = method.score(v, base=base, row_len=tp.row_len, cdt=_cdt(tp))
                 for i, sel in enumerate(state.selectors):
                     if sel is not None:
                         (sel.add_high if phase == "kth_high" else sel.add_low)(scores[i])
             else:
                 method.accumulate(state.sums, v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                   offset=offset + s, seed=self.config.seed, base=base, row_len=tp.row_len,
-                                  shape=tp.shape, cdt=_cdt(tp))  # fmt: skip
+                                  shape=tp.shape, cdt=_cdt(tp), ties=state.ties)  # fmt: skip
 
     def _end_phase(self, tp, state: _State, phase: str) -> None:
         if phase in ("gram", "kth_high", "kth_low", "sums"):
@@ -473,6 +475,36 @@ class _Execution:
             k = max(len(r) for r in rows if r is not None)
             thr = torch.tensor([r if r is not None else [float("nan")] * k for r in rows], dtype=torch.float32)
             state.thresholds = thr[:, 0] if k == 1 else thr
+            if _cdt(tp) is not None:
+                state.ties = self._ties(tp, thr)
+
+    def _whole(self, tp: TensorPlan, source, cdt) -> torch.Tensor:
+        """One input tensor whole, flat, rounded to `cdt`, in float32."""
+        parts = [self.readers[source.label].read_rows(source.name, a, b).reshape(-1) for a, b in tp.chunks]
+        return torch.cat(parts).to(cdt).float()
+
+    def _ties(self, tp: TensorPlan, thr: torch.Tensor):
+        """Per model, mergekit's choice among entries tied at the selection thresholds (`mergekit_selection`), or
+        None. In 16-bit arithmetic |τ| often ties at the threshold and mergekit keeps exactly the entries its sort
+        puts first; this reads each task vector whole once more to find them (only where the rule is ambiguous)."""
+        cdt, method = _cdt(tp), tp.method
+        if type(method).mergekit_selection is ElementwiseMethod.mergekit_selection:
+            return None
+        base = self._whole(tp, tp.sources[-1], cdt) if tp.space == "task_vector" else None
+        out = []
+        for i in range(tp.n_inputs):
+            if bool(torch.isnan(thr[i]).all()):
+                out.append(None)
+                continue
+            x = self._whole(tp, tp.sources[i], cdt)
+            w = (round_(x.sub_(base), cdt) if base is not None else x).abs_()
+            kept = method.mergekit_selection(w, i, tp.params, thr)
+            if kept is None:
+                out.append(None)
+                continue
+            bounds = thr[i][torch.isfinite(thr[i])]
+            out.append((bounds, torch.sort(kept[torch.isin(w[kept], bounds)]).values))
+        return None if all(t is None for t in out) else out
 
     def _solve(self, tp: TensorPlan, gram: torch.Tensor | None) -> torch.Tensor:
         c = tp.method.coefficients(gram, self._weights(tp, torch.float64), tp.params)
@@ -532,7 +564,7 @@ class _Execution:
             base = self.basef[:m] if tp.space == "task_vector" else None
             merged = tp.method.combine(v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                        offset=offset + s, seed=self.config.seed, sums=state.sums, base=base,
-                                       row_len=tp.row_len, shape=tp.shape, cdt=cdt)  # fmt: skip
+                                       row_len=tp.row_len, shape=tp.shape, cdt=cdt, ties=state.ties)  # fmt: skip
             if base is not None:
                 merged = round_(merged + base, cdt)
             self._check_output(tp, merged, rows)

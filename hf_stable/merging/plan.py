@@ -347,7 +347,7 @@ def build_plan(
         refs = [s.model for s in out_slice.sources] if out_slice else config.models
         if uses_base:
             refs = [r for r in refs if not r.same_model(config.base_model)]
-        elif method.base == "endpoint" and has_base:
+        elif has_base and method.base_is_input(global0):
             # the base's own entry, when listed, keeps its parameters (its `weight` sets slerp's t)
             listed = next((r for r in refs if r.same_model(config.base_model)), config.base_model)
             refs = [listed, *[r for r in refs if not r.same_model(config.base_model)]]
@@ -427,6 +427,8 @@ def build_plan(
             params=params, weights=weights, sources=sources, row_numel=info.row_numel,
             compute_dtype=compute_dtype_of(config, [checkpoints[s.label].tensors[s.name].dtype for s in sources]),
         )  # fmt: skip
+        if getattr(m, "float32_result", False) and not config.out_dtype and tp.compute_dtype in ("F16", "BF16"):
+            tp.out_dtype = "F32"  # mergekit writes the method's float32 result (arcee_fusion)
         if kind == "gram":
             tp.needs_gram = bool(m.needs_gram(params))
             tp.passes = ("gram",) if tp.needs_gram else ()
@@ -481,6 +483,7 @@ def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkp
     """Outputs of layer-range slices: pre-layer tensors from the first slice's sources, each slice's layers renumbered
     in order, post-layer tensors from the last slice's sources (mergekit 0.1.5 `MergePlanner.plan_module`)."""
     outs: list[_Out] = []
+    base_is_input = method.base_is_input(method.resolve(config.global_parameters(config.slices[0])))
 
     def base_source(sl: OutputSlice):
         found = [s for s in sl.sources if s.model.same_model(config.base_model)] if uses_base else [None]
@@ -493,7 +496,7 @@ def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkp
 
     def slice_refs(sl: OutputSlice):
         srcs = [s for s in sl.sources if not (uses_base and s.model.same_model(config.base_model))]
-        if method.base == "endpoint" and config.base_model is not None:
+        if config.base_model is not None and base_is_input:
             srcs = sorted(srcs, key=lambda s: not s.model.same_model(config.base_model))
         for s in srcs:
             open_ref(s.model, s.model.spec)

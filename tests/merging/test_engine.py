@@ -78,11 +78,14 @@ def test_engine_matches_reference_and_is_tiling_invariant(pico_models, sds, tmp_
     got_big, got_tiny = load_folder_state_dict(tmp_path / "big"), load_folder_state_dict(tmp_path / "tiny")
 
     uses_base = big.plan.tensors[0].space == "task_vector"
+    experts, weights = sds["experts"], _weights(method)
+    if method == "karcher":  # mergekit's karcher: the base model is one more input of the mean, with weight 1
+        experts, weights = [sds["base"], *experts], [1.0, *weights]
     ref = merge_state_dicts(
         method,
-        sds["experts"],
+        experts,
         base=sds["base"] if uses_base else None,
-        weights=_weights(method),
+        weights=weights,
         params=params,
         seed=3,
     )

@@ -66,6 +66,7 @@ CONTEXT = {
     ("*", "lambda"): {"density": 0.5},
     ("slerp", "allow_extrapolation"): {"t": 1.5},
     ("*", "step"): {"max_iter": 2},
+    ("nuslerp", "nuslerp_row_wise"): {"nuslerp_flatten": False},  # flattening wins (mergekit): per column only then
 }
 
 DATA_DRIVEN = "fw_merging"  # its parameters belong to FW-Merging's own schema (tests/merging/test_fw.py)

@@ -142,6 +142,12 @@ class KarcherMethod(FisherRaoMethod):
     `tol` 1e-5) so a mergekit recipe gives mergekit's result; per-model weights are honoured."""
 
     default_name = "karcher"
+
+    def base_is_input(self, params) -> bool:
+        """mergekit 0.1.5's `karcher` averages every entry of its tensor group, the base model's included: a base
+        given with full weights (`space: weights`) is one more input of the mean, with weight 1."""
+        return self.space(params, True) == "weights"
+
     params = tuple(
         Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
         for p in FisherRaoMethod.params

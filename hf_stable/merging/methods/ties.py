@@ -164,6 +164,21 @@ def keep_at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.nn.functional.hardshrink(t, previous_float(threshold)) if math.isfinite(threshold) else t * 0.0
 
 
+def apply_ties(out: torch.Tensor, v: torch.Tensor, ties, offset: int) -> torch.Tensor:
+    """Resolve threshold ties as mergekit's sort did: `ties` is `(boundary values, sorted flat indices kept among the
+    entries whose |v| equals one)` from `mergekit_selection` (via the engine), or None. Entries of this chunk (flat
+    index `offset + j`) at a boundary value are kept (`v`) iff listed, else set to +0."""
+    if ties is None:
+        return out
+    bounds, kept = ties
+    at = torch.isin(v.abs(), bounds).nonzero().reshape(-1)
+    if at.numel():
+        keep = torch.isin(at + offset, kept)
+        out = out.clone() if out is v else out
+        out[at] = torch.where(keep, v[at], torch.zeros((), dtype=v.dtype))
+    return out
+
+
 def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
     """`tau` (any shape) with its entries below the k-th largest |τ| zeroed, `k = keep_count(density, numel)`:
     the magnitude trimming of `ties` on a whole tensor."""
@@ -274,11 +289,23 @@ class _MagnitudeMethod(GeneralizedTaskArithmetic):
         d = self.densities(params, n_models)
         return None if d is None else [(keep_count(x, numel),) for x in d]
 
-    def sparsify(self, v, params, *, thresholds=None, **kw):
+    def sparsify(self, v, params, *, thresholds=None, ties=None, offset=0, **kw):
         if thresholds is None:
             return [None] * v.shape[0]
         thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
-        return [None if t <= 0 else keep_at_least(v[i], t) for i, t in enumerate(thr)]
+        ties = ties or [None] * v.shape[0]
+        return [None if t <= 0 else apply_ties(keep_at_least(v[i], t), v[i], ties[i], offset)
+                for i, t in enumerate(thr)]  # fmt: skip
+
+    def mergekit_selection(self, w, i, params, thresholds):
+        """mergekit's `sparsify.magnitude` keeps the first k of a descending argsort of |τ|; when |τ| ties at the
+        threshold so that more than k entries reach it, those are its kept indices (else None: the rule is exact)."""
+        d = _per_model(self.resolve(params)["density"], len(thresholds), "density", self.name)[i]
+        t = float(thresholds[i].reshape(-1)[0])
+        k = keep_count(d, w.numel())
+        if d >= 1 or not t > 0 or int((w >= t).sum()) == k:
+            return None
+        return torch.argsort(w, descending=True)[:k]
 
 
 @MERGE_METHODS.register(
@@ -323,15 +350,35 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
             out.append((top_cut, top_cut + k))
         return out
 
-    def sparsify(self, v, params, *, thresholds=None, **kw):
+    def sparsify(self, v, params, *, thresholds=None, ties=None, offset=0, **kw):
         if thresholds is None:
             return [None] * v.shape[0]
         thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(v.shape[0], 2).tolist()
+        ties = ties or [None] * v.shape[0]
         out = []
         for i, (hi, lo) in enumerate(thr):
             low = keep_at_least(v[i], lo)
-            out.append(low - keep_at_least(low, hi) if math.isfinite(hi) else low)  # x − x = +0 above hi
+            kept = low - keep_at_least(low, hi) if math.isfinite(hi) else low  # x − x = +0 above hi
+            out.append(apply_ties(kept, v[i], ties[i], offset))
         return out
+
+    def mergekit_selection(self, w, i, params, thresholds):
+        """mergekit's `sparsify.magnitude_outliers` keeps ascending sorted positions `[n_bot, n_bot + k)` of |τ|;
+        when ties at either boundary make the threshold rule keep another count, those are its kept indices."""
+        p = self.resolve(params)
+        n = len(thresholds)
+        d = _per_model(p["density"], n, "density", self.name)[i]
+        g = _per_model(p["gamma"], n, "gamma", self.name)[i]
+        if d >= 1:
+            return None
+        numel = w.numel()
+        k, n_top = int(d * numel), int(g * numel)
+        n_bot = max(0, numel - k - n_top)
+        hi, lo = (float(x) for x in thresholds[i].reshape(-1)[:2])
+        rule = (w >= lo) & (w < hi) if math.isfinite(hi) else (w >= lo)
+        if int(rule.sum()) == k:
+            return None
+        return torch.sort(w, descending=False).indices[n_bot : n_bot + k]
 
 
 @MERGE_METHODS.register(
