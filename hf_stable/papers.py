@@ -343,6 +343,14 @@ PAPERS = {
             "Jang, Dong-Hwan and Yun, Sangdoo and Han, Dongyoon",
         ),
         _arxiv(
+            "ram_merging",
+            "Behavior Knowledge Merge in Reinforced Agentic Models",
+            "2601.13572",
+            2026,
+            "Yuan, Xiangchi and Shi, Dachuan and Zhang, Chunhui and Liu, Zheyuan and Yao, Shenglong and Vosoughi, "
+            "Soroush and Lee, Wenke",
+        ),
+        _arxiv(
             "fw_merging",
             "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization",
             "2503.12649",

@@ -565,8 +565,8 @@ class _Execution:
             merged = tp.method.combine(v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                        offset=offset + s, seed=self.config.seed, sums=state.sums, base=base,
                                        row_len=tp.row_len, shape=tp.shape, cdt=cdt, ties=state.ties)  # fmt: skip
-            if base is not None:
-                merged = round_(merged + base, cdt)
+            if base is not None:  # a float32 result stays float32 (mergekit's promotion)
+                merged = round_(merged + base, None if getattr(tp.method, "float32_result", False) else cdt)
             self._check_output(tp, merged, rows)
             if self.diagnose:
                 self._accumulate_stats(tp, state, xs, s, m, merged)

@@ -346,6 +346,24 @@ def test_rng_tiling_independence(cuts, seed, start):
     assert float(whole.min()) >= 0.0 and float(whole.max()) < 1.0
 
 
+def test_rng_is_splitmix64_of_a_keyed_weyl_sequence():
+    """Exact values against SplitMix64's output function in plain Python integers (Steele, Lea, Flood 2014), at
+    indices below and above 2^32: the vectorised int64 version (wrapping products, masked logical shifts) is it."""
+    m64 = (1 << 64) - 1
+    key = rng.stream_key(7, 3, "model.layers.0.mlp.up_proj.weight")
+    state0 = ((key << 32) | rng._hash32_int(key ^ 0x9E3779B9)) & m64
+
+    def splitmix_top32(i):
+        z = (state0 + i * 0x9E3779B97F4A7C15) & m64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
+        return (z ^ (z >> 31)) >> 32
+
+    for start in (0, 2**32 - 3, 2**40 + 11):
+        got = rng.random_bits(7, 3, "model.layers.0.mlp.up_proj.weight", start, 6).tolist()
+        assert got == [splitmix_top32(start + j) for j in range(6)]
+
+
 def test_rng_keep_rate_and_independence_of_keys():
     n = 200_000
     for p in (0.1, 0.5, 0.9):
