@@ -79,8 +79,8 @@ def test_engine_matches_reference_and_is_tiling_invariant(pico_models, sds, tmp_
 
     uses_base = big.plan.tensors[0].space == "task_vector"
     experts, weights = sds["experts"], _weights(method)
-    if method == "karcher":  # mergekit's karcher: the base model is one more input of the mean, with weight 1
-        experts, weights = [sds["base"], *experts], [1.0, *weights]
+    if method == "karcher":  # mergekit's karcher: the base is one more input, and every input has weight 1/N
+        experts, weights = [sds["base"], *experts], None
     ref = merge_state_dicts(
         method,
         experts,

@@ -171,10 +171,13 @@ def test_fisher_rao_methods_and_alias():
     from hf_stable.merging.gram import karcher_direct
 
     expected = karcher_direct(x, a)
-    for name in ("fisher_rao", "karcher"):
-        params = {"max_iter": 50, "tol": 1e-7}  # karcher's defaults are mergekit's (10, 1e-5)
-        got = merge_tensors(name, xs, weights=w, params=params)
-        assert torch.allclose(got.reshape(-1).double(), expected, atol=1e-5)
+    got = merge_tensors("fisher_rao", xs, weights=w, params={"max_iter": 50, "tol": 1e-7})
+    assert torch.allclose(got.reshape(-1).double(), expected, atol=1e-5)
+    # karcher (mergekit's): uniform α whatever the weights (ignored with a warning); its defaults are (10, 1e-5)
+    uniform = karcher_direct(x, torch.full((3,), 1 / 3, dtype=torch.float64))
+    with pytest.warns(UserWarning, match="weight"):
+        got = merge_tensors("karcher", xs, weights=w, params={"max_iter": 50, "tol": 1e-7})
+    assert torch.allclose(got.reshape(-1).double(), uniform, atol=1e-5)
     # task-vector space: base + Karcher mean of the task vectors
     tv = x - base.reshape(-1).double()
     with warnings.catch_warnings():
@@ -201,7 +204,7 @@ def test_wsm_coefficients_from_schedule():
     assert torch.allclose(got, sum(ci * x for ci, x in zip(c, xs, strict=True)), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n != "wsm"])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in ("wsm", "karcher")])  # karcher: mergekit's uniform α
 def test_weights_change_the_output(name):
     base, xs = _data(2 if name == "slerp" else 3, seed=4)
     params = {"density": 0.6} if name in ("ties", "dare_ties", "dare_linear") else {}

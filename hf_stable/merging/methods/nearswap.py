@@ -28,6 +28,7 @@ class NearSwapMethod(ElementwiseMethod):
     """NearSwap of a base (first input) and one other model. Params: `t` (required, ≥ 0)."""
 
     default_name = "nearswap"
+    ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight here and ignores it
     base = "endpoint"
     min_models = 2
     max_models = 2

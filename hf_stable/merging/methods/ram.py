@@ -55,6 +55,7 @@ def ram_combine(v: torch.Tensor, epsilon: float, scales: list[float] | None = No
 class _RamBase(ElementwiseMethod):
     base = "task_vector"
     min_models = 1
+    ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight here and ignores it
 
 
 @MERGE_METHODS.register(
