@@ -343,6 +343,13 @@ PAPERS = {
             "Jang, Dong-Hwan and Yun, Sangdoo and Han, Dongyoon",
         ),
         _arxiv(
+            "fusechat_sce",
+            "FuseChat: Knowledge Fusion of Chat Models",
+            "2408.07990",
+            2024,
+            "Wan, Fanqi and Zhong, Longguang and Yang, Ziyi and Chen, Ruijun and Quan, Xiaojun",
+        ),
+        _arxiv(
             "ram_merging",
             "Behavior Knowledge Merge in Reinforced Agentic Models",
             "2601.13572",

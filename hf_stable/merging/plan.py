@@ -434,7 +434,8 @@ def build_plan(
             tp.passes = ("gram",) if tp.needs_gram else ()
         else:
             tp.row_local = bool(m.row_local_for(params))
-            if tp.row_local and len(info.shape) > 2:
+            whole = getattr(m, "whole_tensor", False)
+            if tp.row_local and len(info.shape) > 2 and not whole:
                 raise ValueError(
                     f"tensor {o.name!r}: merge_method {m.name!r} with these parameters works row by row on matrices "
                     f"and vectors; this tensor has shape {list(info.shape)}"
@@ -442,7 +443,9 @@ def build_plan(
             tp.ranks = m.ranks(params, tp.n_inputs, tp.numel)
             passes = ("kth_high", "kth_low") if tp.ranks is not None else ()
             tp.passes = passes + (("sums",) if m.needs_sums(params) else ())
-        tp.row_len = info.numel if len(info.shape) <= 1 else info.row_numel
+        # a vector is one logical row; a whole-tensor method (sce) sees the whole tensor as one
+        whole = tp.row_local and getattr(m, "whole_tensor", False)
+        tp.row_len = info.numel if len(info.shape) <= 1 or whole else info.row_numel
         plans.append(tp)
 
     plan = MergePlan(

@@ -60,7 +60,6 @@ NOT_BITWISE: dict[str, tuple[str, tuple[str, float]]] = {
     "nuslerp_rows_base": (_ROUNDINGS, ("eps", 2)),
     "nuslerp_flatten_and_row_wise": (_FP32, ("eps", 3)),
     "slerp_weight_and_t": (_FP32, ("eps", 2)),
-    **{r: ("sce is not implemented: refused as an unknown merge_method", None) for r in BASIC if "-sce" in r},
     **{r: (_ROUNDINGS, ("eps", 2)) for r in BASIC if any(m in r for m in ("-karcher", "-model_stock", "-multislerp",
                                                                          "-nuslerp"))},
 }

@@ -53,6 +53,7 @@ CHANGED = {
     "floor": 0.3,
     "r": 0.5,
     "alpha": 0.5,
+    "select_topk": 0.5,
 }
 
 # Where one method needs another value than the name's (multislerp's eps is added to the norms).
