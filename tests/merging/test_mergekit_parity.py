@@ -310,7 +310,8 @@ STATISTICAL = ["dare_linear", "dare_ties", "della", "della_linear"]
 
 @pytest.mark.parametrize("name", STATISTICAL)
 def test_random_methods_match_mergekit_statistically(name, folders, outputs):
-    """The masks differ draw by draw; the kept fraction (per |τ| quartile) and the L1 rescale rule agree."""
+    """The masks differ draw by draw; the kept fraction (per |τ| quartile) and the L1 rescale rule agree, and for
+    DARE the two masks agree per element as often as two independent Bernoulli masks would."""
     ours = outputs(name)
     theirs = _fixture(name)
     base = load_file(Path(folders["base"]) / "model.safetensors")
@@ -323,6 +324,14 @@ def test_random_methods_match_mergekit_statistically(name, folders, outputs):
         assert abs(float(kept.mean()) - density) < 4 * math.sqrt(density * (1 - density) / n)
         for key, _, _, factor, l1_rule in rows:  # float32 outputs: the factor is recovered to ~1e-6
             assert factor == pytest.approx(l1_rule, rel=1e-4), key
+    if name.startswith("dare"):
+        # Per-element agreement: two independent Bernoulli(p) masks agree with probability p² + (1 − p)²; the
+        # observed agreement of hf_stable's mask with mergekit's lies within 4 binomial standard deviations of it
+        # (a mask correlated with, or anti-correlated with, mergekit's would not).
+        masks = [torch.cat([r[1].reshape(-1) for r in _kept_and_factor(t, base, orca)]) for t in (ours, theirs)]
+        agree = float((masks[0] == masks[1]).double().mean())
+        expected = density**2 + (1 - density) ** 2
+        assert abs(agree - expected) < 4 * math.sqrt(expected * (1 - expected) / masks[0].numel()), agree
     # DELLA keeps large |τ| more often: the kept fraction per |τ| quartile, the same in both tools
     quartiles = []
     for tool in (ours, theirs):
