@@ -10,8 +10,10 @@ Protocol (pre-registered targets of issue 14; no timed assertion anywhere):
   layers, vocab 32000, untied lm_head, ~348M parameters; small: ~31M), saved in bf16; the N inputs are θ0 + ε_i
   with ‖ε_i‖ = 1% ‖θ0‖ per tensor. Built once in `--workdir` and reused.
 * One mergekit YAML per (method, N), given unchanged to both tools: `linear` (weight 1 each), `task_arithmetic`
-  (base θ0, weight 1, λ 1/N), `ties` (base θ0, density 0.5, weight 1), `karcher` (mergekit's defaults on both
-  sides), with `dtype: float32` (compute) and `out_dtype: bfloat16`.
+  (base θ0, weight 1, λ 1/N), `ties`, `dare_ties` and `della` (base θ0, density 0.5, weight 1), `karcher`
+  (mergekit's defaults on both sides), `model_stock` (base θ0), `slerp` (θ0 and the first copy, t 0.5), with
+  `dtype: float32` (compute) and `out_dtype: bfloat16`. DARE/DELLA masks are random in both tools (different
+  generators): their agreement columns measure the masks' disagreement, not an error.
 * Each measurement is a fresh process with OMP_NUM_THREADS=MKL_NUM_THREADS=1 and no GPU, timed inside after its
   imports: mergekit's `run_merge` with its CLI defaults (no tokenizer copy) from its own venv (`--mergekit-venv`),
   hf_stable's `merge(..., progress=False)` at the default budget, and the floor: read every input file once
@@ -26,7 +28,8 @@ Protocol (pre-registered targets of issue 14; no timed assertion anywhere):
 * Agreement: max |ours − mergekit| per cell and the fraction of elements more than one bf16 ulp apart.
 
 Targets (issue 14), printed held/missed per row: linear and task_arithmetic time ≤ 0.5× mergekit and ≤ 2× the
-floor; ties ≤ 0.3× mergekit; karcher ≤ 0.4× mergekit; peak RssAnon ≤ baseline + 256 MiB and ≤ 0.5× mergekit's.
+floor; ties ≤ 0.3× mergekit; karcher ≤ 0.4× mergekit; dare_ties, della, model_stock, slerp ≤ 0.6× mergekit
+(issue 22); peak RssAnon ≤ baseline + 256 MiB and ≤ 0.5× mergekit's.
 
 Results: `benchmarks/results/<--output-name>.{json,md}`, rewritten after every cell (`complete: false` until the
 end). Disk: base + max(N) inputs + one output must fit in `--workdir`.
@@ -58,8 +61,11 @@ SIZES = {  # Llama-architecture dimensions; untied lm_head so both large (vocab 
 }
 VOCAB = 32000
 RELATIVE_NOISE = 0.01
-METHODS = ("linear", "task_arithmetic", "ties", "karcher")
-TARGET_SPEED = {"linear": 0.5, "task_arithmetic": 0.5, "ties": 0.3, "karcher": 0.4}  # time ≤ this × mergekit's
+METHODS = ("linear", "task_arithmetic", "ties", "karcher", "dare_ties", "della", "model_stock", "slerp")
+# time ≤ this × mergekit's (issue 14's targets; issue 22: 0.6 for the methods it added)
+TARGET_SPEED = {"linear": 0.5, "task_arithmetic": 0.5, "ties": 0.3, "karcher": 0.4, "dare_ties": 0.6, "della": 0.6,
+                "model_stock": 0.6, "slerp": 0.6}  # fmt: skip
+BASED = ("ties", "task_arithmetic", "dare_ties", "della", "model_stock", "slerp")  # recipes with base_model θ0
 FLOOR_FACTOR = {"linear": 2.0, "task_arithmetic": 2.0}  # time ≤ this × the read+write floor
 RSS_HEADROOM = 256 * MiB
 MERGEKIT_VERSION = "0.1.5"
@@ -194,12 +200,14 @@ def ensure_checkpoints(root, size, n_max, seed):
 def recipe(method, base, models):
     """The mergekit YAML text given to both tools."""
     lines = [f"merge_method: {method}"]
-    if method in ("ties", "task_arithmetic"):
+    if method in BASED:
         lines.append(f"base_model: {base}")
+    if method == "slerp":  # two inputs: θ0 (the t = 0 end) and the first perturbed copy
+        models = [base, models[0]]
     lines.append("models:")
     for m in models:
         lines.append(f"  - model: {m}")
-        if method == "ties":
+        if method in ("ties", "dare_ties", "della"):
             lines.append("    parameters: {weight: 1.0, density: 0.5}")
         elif method in ("linear", "task_arithmetic"):
             lines.append("    parameters: {weight: 1.0}")
@@ -207,12 +215,16 @@ def recipe(method, base, models):
         lines.append(f"parameters: {{lambda: {1 / len(models)}}}")
     if method == "ties":
         lines.append("parameters: {normalize: true}")
+    if method == "slerp":
+        lines.append("parameters: {t: 0.5}")
     lines += ["dtype: float32", "out_dtype: bfloat16", ""]
     return "\n".join(lines)
 
 
 def inputs_of(method, base, models):
-    folders = ([base] if method in ("ties", "task_arithmetic") else []) + list(models)
+    if method == "slerp":
+        models = models[:1]
+    folders = ([base] if method in BASED else []) + list(models)
     return [p for f in folders for p in sorted(Path(f).glob("*.safetensors"))]
 
 

@@ -343,6 +343,21 @@ PAPERS = {
             "Jang, Dong-Hwan and Yun, Sangdoo and Han, Dongyoon",
         ),
         _arxiv(
+            "fusechat_sce",
+            "FuseChat: Knowledge Fusion of Chat Models",
+            "2408.07990",
+            2024,
+            "Wan, Fanqi and Zhong, Longguang and Yang, Ziyi and Chen, Ruijun and Quan, Xiaojun",
+        ),
+        _arxiv(
+            "ram_merging",
+            "Behavior Knowledge Merge in Reinforced Agentic Models",
+            "2601.13572",
+            2026,
+            "Yuan, Xiangchi and Shi, Dachuan and Zhang, Chunhui and Liu, Zheyuan and Yao, Shenglong and Vosoughi, "
+            "Soroush and Lee, Wenke",
+        ),
+        _arxiv(
             "fw_merging",
             "FW-Merging: Scaling Model Merging with Frank-Wolfe Optimization",
             "2503.12649",

@@ -291,6 +291,11 @@ def merge_model_card(
         model_name=model_name,
     )
     method_text, citations = method_info(method)
+    if getattr(config, "fp32_arithmetic", False):
+        method_text += (
+            "\n\nArithmetic: float32 (`fp32_arithmetic: true`), not the recipe's `dtype`: more precise than "
+            "mergekit, so the weights are not mergekit's output for the same recipe."
+        )
     diagnostics = _diagnostic_rows(diagnostics_summary or {})
     base = getattr(config, "base_model", None)
     card = _render(

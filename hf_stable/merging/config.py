@@ -22,9 +22,10 @@ their models is the `models:` form.
 
 hf_stable extensions (top-level keys): `seed`, `memory_budget`, `max_shard_size`, `allow_pickle`,
 `filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`),
-`weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `name`. Unsupported
-mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` unions and added tokens,
-`tokenizer_source: union`, `chat_template`) are refused with a message saying so.
+`weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `fp32_arithmetic`
+(float32 arithmetic whatever `dtype` says: not mergekit's numbers), `name`. Unsupported
+mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` added tokens, `chat_template`,
+and `tokenizer_source: union` over differing vocabularies) are refused with a message saying so.
 
 This module imports no torch at import time (`import hf_stable.merging` stays cheap); method names and parameters are
 checked against `hf_stable.merging.methods` when a recipe is built.
@@ -65,6 +66,7 @@ _TOP_LEVEL_KEYS = {
     "filter_exclude",
     "weights",
     "drop_cache",
+    "fp32_arithmetic",
     "name",
 }
 _REMOVED_KEYS = {
@@ -317,9 +319,13 @@ class MergeConfig:
         slices: the `slices:` form, or None for a `models:` recipe.
         base_model: the base for task-vector methods (and slerp's t = 0 end); `None` if unused.
         parameters: global parameters (method parameters and per-model defaults such as `weight`).
-        dtype: compute dtype of mergekit recipes; the engine always computes in fp32/fp64, so this only sets the
-            output dtype when `out_dtype` is absent.
+        dtype: the dtype of the arithmetic, as in mergekit: inputs are rounded to it when read and the method's
+            operations are rounded to it where mergekit's are (so outputs equal mergekit's); also the output dtype
+            when `out_dtype` is absent. Without it: the inputs' common dtype (`plan.compute_dtype_of`).
         out_dtype: output dtype (`float32`, `bfloat16`, `float16`); default `dtype`, else the first input's.
+        fp32_arithmetic: compute in float32 (Gram statistics in float64) whatever `dtype` says, rounding once to the
+            output dtype: more precise than mergekit and therefore not mergekit's numbers (an hf_stable extension;
+            the model card says so).
         tokenizer_source: `base`, or a model path whose tokenizer files are copied; default base, else first.
         seed: seed of the counter-based RNG of random methods (DARE, DELLA).
         memory_budget: default ceiling on the engine's buffers for `merge()` (`"2GB"`, bytes).
@@ -343,6 +349,7 @@ class MergeConfig:
     allow_pickle: bool = False
     filter_exclude: list[str] = field(default_factory=list)
     drop_cache: bool = False
+    fp32_arithmetic: bool = False
     slices: list[OutputSlice] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -379,8 +386,8 @@ class MergeConfig:
                 raise ValueError(f"{key}={value!r} is not supported; use one of {sorted(DTYPE_NAMES)}")
             if value is not None:
                 setattr(self, key, str(value).replace("torch.", ""))
-        if self.tokenizer_source == "union":
-            raise ValueError("tokenizer_source: union is not supported (vocabularies must match); use base or a model")
+        if not isinstance(self.fp32_arithmetic, bool):
+            raise ValueError(f"fp32_arithmetic must be true or false, got {self.fp32_arithmetic!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not self.is_data_driven:
@@ -501,6 +508,8 @@ class MergeConfig:
             d["allow_pickle"] = True
         if self.drop_cache:
             d["drop_cache"] = True
+        if self.fp32_arithmetic:
+            d["fp32_arithmetic"] = True
         extra = copy.deepcopy(self.extra)
         if redact and self.is_data_driven:
             extra = _redact_paths(extra)
@@ -531,7 +540,9 @@ class MergeConfig:
           recipes often list the base among the models, without parameters);
         * otherwise: `models` as given.
         """
-        if self.base_model is not None and not self.is_data_driven and self.method.base == "endpoint":
+        if self.base_model is not None and not self.is_data_driven and self.method.base_is_input(
+            self.method.resolve(self.global_parameters(self.slices[0] if self.slices else None))
+        ):
             others = [m for m in self.models if not m.same_model(self.base_model)]
             return [self.base_model, *others]
         if uses_base and self.base_model is not None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ._copy import copy_side_files
+from ._copy import check_tokenizer_source, copy_side_files
 from .card import CARD_FILE, RECIPE_FILE, merge_model_card, write_merge_card
 from .compat import check_equal_nonfloat, parse_size
 from .config import MergeConfig, load_recipe_dict
@@ -43,6 +43,7 @@ from .gram import GramAccumulator
 from .io.dtypes import torch_dtype
 from .io.reader import SafetensorsReader
 from .io.writer import OutputSpec, StreamingSafetensorsWriter
+from .methods.base import ElementwiseMethod, round_
 from .plan import RING_SLOTS, MergePlan, TensorPlan, build_plan
 from .quantile import RadixSelect
 from .ring import IOThread, Slot
@@ -161,6 +162,7 @@ def merge(
     input_dirs = {Path(ck.folder).resolve() for ck in plan.checkpoints.values()}
     if out.resolve() in input_dirs:  # overwrite=True would delete an input
         raise ValueError(f"output folder {out} is one of the input models; choose another out_dir")
+    check_tokenizer_source(config, plan)
 
     readers = {label: SafetensorsReader(ck, drop_cache=config.drop_cache) for label, ck in plan.checkpoints.items()}
     try:
@@ -231,6 +233,7 @@ class _State:
     selectors: list[RadixSelect | None] | None = None
     thresholds: torch.Tensor | None = None
     sums: Any = None
+    ties: list | None = None
     stats: dict[str, Any] | None = None
     checked: bool = False
 
@@ -362,6 +365,9 @@ class _Execution:
             return
         state = self.states.setdefault(tp.name, _State())
         xs = [v.reshape(-1) for v in slot.views]
+        if tp.compute_dtype in _ROUNDED:  # mergekit casts every input to the recipe's dtype when it loads it
+            cdt = torch_dtype(tp.compute_dtype)
+            xs = [x if x.dtype == cdt else x.to(cdt) for x in xs]
         n = xs[0].numel()
         offset = a * tp.row_numel
         if job.phase == "gram":
@@ -401,12 +407,13 @@ class _Execution:
         """`(N, m)` float32 inputs of a piece in the tensor's space (task vectors: `x_i − base`, in fp32)."""
         v = self.vbuf[: tp.n_inputs, :m]
         tv = tp.space == "task_vector"
+        cdt = _cdt(tp)
         if tv:
             self.basef[:m].copy_(xs[-1][s : s + m])
         for i in range(tp.n_inputs):
             v[i].copy_(xs[i][s : s + m])
             if tv:
-                v[i].sub_(self.basef[:m])
+                round_(v[i].sub_(self.basef[:m]), cdt)  # mergekit subtracts in its dtype
         return v
 
     def _gram_chunk(self, tp, state: _State, xs, n: int, rows) -> None:
@@ -440,14 +447,14 @@ class _Execution:
                 self._check_inputs(tp, v, rows)
             base = self.basef[:m] if tp.space == "task_vector" else None
             if phase in ("kth_high", "kth_low"):
-                scores = method.score(v, base=base, row_len=tp.row_len)
+                scores = method.score(v, base=base, row_len=tp.row_len, cdt=_cdt(tp))
                 for i, sel in enumerate(state.selectors):
                     if sel is not None:
                         (sel.add_high if phase == "kth_high" else sel.add_low)(scores[i])
             else:
                 method.accumulate(state.sums, v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                   offset=offset + s, seed=self.config.seed, base=base, row_len=tp.row_len,
-                                  shape=tp.shape)  # fmt: skip
+                                  shape=tp.shape, cdt=_cdt(tp), ties=state.ties)  # fmt: skip
 
     def _end_phase(self, tp, state: _State, phase: str) -> None:
         if phase in ("gram", "kth_high", "kth_low", "sums"):
@@ -468,12 +475,46 @@ class _Execution:
             k = max(len(r) for r in rows if r is not None)
             thr = torch.tensor([r if r is not None else [float("nan")] * k for r in rows], dtype=torch.float32)
             state.thresholds = thr[:, 0] if k == 1 else thr
+            if _cdt(tp) is not None:
+                state.ties = self._ties(tp, thr)
+
+    def _whole(self, tp: TensorPlan, source, cdt) -> torch.Tensor:
+        """One input tensor whole, flat, rounded to `cdt`, in float32."""
+        parts = [self.readers[source.label].read_rows(source.name, a, b).reshape(-1) for a, b in tp.chunks]
+        return torch.cat(parts).to(cdt).float()
+
+    def _ties(self, tp: TensorPlan, thr: torch.Tensor):
+        """Per model, mergekit's choice among entries tied at the selection thresholds (`mergekit_selection`), or
+        None. In 16-bit arithmetic |τ| often ties at the threshold and mergekit keeps exactly the entries its sort
+        puts first; this reads each task vector whole once more to find them (only where the rule is ambiguous)."""
+        cdt, method = _cdt(tp), tp.method
+        if type(method).mergekit_selection is ElementwiseMethod.mergekit_selection:
+            return None
+        base = self._whole(tp, tp.sources[-1], cdt) if tp.space == "task_vector" else None
+        out = []
+        for i in range(tp.n_inputs):
+            if bool(torch.isnan(thr[i]).all()):
+                out.append(None)
+                continue
+            x = self._whole(tp, tp.sources[i], cdt)
+            w = (round_(x.sub_(base), cdt) if base is not None else x).abs_()
+            kept = method.mergekit_selection(w, i, tp.params, thr)
+            if kept is None:
+                out.append(None)
+                continue
+            bounds = thr[i][torch.isfinite(thr[i])]
+            out.append((bounds, torch.sort(kept[torch.isin(w[kept], bounds)]).values))
+        return None if all(t is None for t in out) else out
 
     def _solve(self, tp: TensorPlan, gram: torch.Tensor | None) -> torch.Tensor:
         c = tp.method.coefficients(gram, self._weights(tp, torch.float64), tp.params)
         return torch.as_tensor(c, dtype=torch.float64)
 
     def _combine_gram(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows) -> None:
+        cdt = _cdt(tp)
+        if cdt is not None and getattr(tp.method, "rounded", False):
+            self._combine_rounded(tp, state, xs, n, out, rows, cdt)
+            return
         if state.coefficients is None:  # no Gram needed: coefficients from the weights alone
             state.coefficients = self._solve(tp, None)
         c = state.coefficients.to(torch.float32).tolist()
@@ -500,7 +541,21 @@ class _Execution:
                 self._accumulate_stats(tp, state, xs, s, m, a)
             out[s : s + m].copy_(a)
 
+    def _combine_rounded(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows, cdt) -> None:
+        """A gram method in a 16-bit compute dtype: mergekit's own order of operations (`rounded_combine`)."""
+        w32 = self._weights(tp, torch.float32)
+        for s, m in self._pieces(tp, n):
+            v = self._load(tp, xs, s, m)
+            merged = tp.method.rounded_combine(v, w32, tp.params, cdt)
+            if tp.space == "task_vector":
+                merged = round_(merged + self.basef[:m], cdt)
+            self._check_output(tp, merged, rows)
+            if self.diagnose:
+                self._accumulate_stats(tp, state, xs, s, m, merged)
+            out[s : s + m].copy_(merged)
+
     def _combine_elementwise(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
+        cdt = _cdt(tp)
         w32 = self._weights(tp, torch.float32)
         for s, m in self._pieces(tp, n):
             v = self._load(tp, xs, s, m)
@@ -509,9 +564,9 @@ class _Execution:
             base = self.basef[:m] if tp.space == "task_vector" else None
             merged = tp.method.combine(v, w32, tp.params, thresholds=state.thresholds, tensor_name=tp.name,
                                        offset=offset + s, seed=self.config.seed, sums=state.sums, base=base,
-                                       row_len=tp.row_len, shape=tp.shape)  # fmt: skip
-            if base is not None:
-                merged = merged + base
+                                       row_len=tp.row_len, shape=tp.shape, cdt=cdt, ties=state.ties)  # fmt: skip
+            if base is not None:  # a float32 result stays float32 (mergekit's promotion)
+                merged = round_(merged + base, None if getattr(tp.method, "float32_result", False) else cdt)
             self._check_output(tp, merged, rows)
             if self.diagnose:
                 self._accumulate_stats(tp, state, xs, s, m, merged)
@@ -606,6 +661,15 @@ def _steady_allocator():
         libc.mallopt(m_mmap_threshold, 128 << 10)
         libc.mallopt(m_trim_threshold, 128 << 10)
         libc.malloc_trim(0)
+
+
+# Compute dtypes whose arithmetic is rounded to them (`plan.compute_dtype_of`); float32 is the engine's own.
+_ROUNDED = ("F16", "BF16")
+
+
+def _cdt(tp: TensorPlan):
+    """The torch dtype a tensor's arithmetic is rounded to, or None for the engine's float32."""
+    return torch_dtype(tp.compute_dtype) if tp.compute_dtype in _ROUNDED else None
 
 
 def _itemsize(dtype: str) -> int:

@@ -78,6 +78,8 @@ class TensorPlan:
     Attributes:
         name, shape: the output tensor.
         in_dtype: stored dtype of the first input (safetensors string); `out_dtype`: what is written.
+        compute_dtype: the dtype the merge's arithmetic is rounded to (`compute_dtype_of`): the recipe's `dtype`,
+            else the inputs' common dtype, as mergekit; `F32` with `fp32_arithmetic`.
         action: `"merge"` (the recipe's method), `"linear"` (matched `filter_exclude`) or `"copy"` (non-float).
         kind: `"gram"`, `"elementwise"` or `"copy"`. `space`: `"weights"` or `"task_vector"` (base subtracted).
         params: the method's resolved parameters; `weights`: per-model weights (`None` → 1 each).
@@ -111,6 +113,7 @@ class TensorPlan:
     read_bytes: int = 0
     write_bytes: int = 0
     source_bytes: int = 0
+    compute_dtype: str = "F32"
 
     @property
     def numel(self) -> int:
@@ -134,6 +137,7 @@ class TensorPlan:
             "shape": list(self.shape),
             "in_dtype": self.in_dtype,
             "out_dtype": self.out_dtype,
+            "compute_dtype": self.compute_dtype,
             "action": self.action,
             "kind": self.kind,
             "space": self.space,
@@ -258,6 +262,19 @@ def _out_dtype(config: MergeConfig, first_input_dtype: str) -> str:
     return DTYPE_NAMES[name] if name else first_input_dtype
 
 
+def compute_dtype_of(config: MergeConfig, input_dtypes: list[str]) -> str:
+    """The dtype a recipe's arithmetic is done in, as mergekit 0.1.5 does it (`io/tasks.py` `LoadTensor` casts every
+    input to the recipe's `dtype`; without one, `merge_methods/dtype.py` promotes the inputs' dtypes): the recipe's
+    `dtype`, else the inputs' dtype when they all share a 16-bit one, else `F32`. `fp32_arithmetic: true` forces
+    `F32` (inputs are not rounded; more precise, not mergekit's numbers)."""
+    if config.fp32_arithmetic:
+        return "F32"
+    if config.dtype:
+        return DTYPE_NAMES[config.dtype]
+    kinds = set(input_dtypes)
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"F16", "BF16"} else "F32"
+
+
 def open_checkpoint(path: str, label: str, allow_pickle: bool) -> ModelCheckpoint:
     try:
         return ModelCheckpoint.open(path, allow_pickle=allow_pickle)
@@ -330,7 +347,7 @@ def build_plan(
         refs = [s.model for s in out_slice.sources] if out_slice else config.models
         if uses_base:
             refs = [r for r in refs if not r.same_model(config.base_model)]
-        elif method.base == "endpoint" and has_base:
+        elif has_base and method.base_is_input(global0):
             # the base's own entry, when listed, keeps its parameters (its `weight` sets slerp's t)
             listed = next((r for r in refs if r.same_model(config.base_model)), config.base_model)
             refs = [listed, *[r for r in refs if not r.same_model(config.base_model)]]
@@ -408,13 +425,17 @@ def build_plan(
         tp = TensorPlan(
             o.name, info.shape, info.dtype, _out_dtype(config, info.dtype), action, kind, space=space, method=m,
             params=params, weights=weights, sources=sources, row_numel=info.row_numel,
+            compute_dtype=compute_dtype_of(config, [checkpoints[s.label].tensors[s.name].dtype for s in sources]),
         )  # fmt: skip
+        if getattr(m, "float32_result", False) and not config.out_dtype and tp.compute_dtype in ("F16", "BF16"):
+            tp.out_dtype = "F32"  # mergekit writes the method's float32 result (arcee_fusion)
         if kind == "gram":
             tp.needs_gram = bool(m.needs_gram(params))
             tp.passes = ("gram",) if tp.needs_gram else ()
         else:
             tp.row_local = bool(m.row_local_for(params))
-            if tp.row_local and len(info.shape) > 2:
+            whole = getattr(m, "whole_tensor", False)
+            if tp.row_local and len(info.shape) > 2 and not whole:
                 raise ValueError(
                     f"tensor {o.name!r}: merge_method {m.name!r} with these parameters works row by row on matrices "
                     f"and vectors; this tensor has shape {list(info.shape)}"
@@ -422,7 +443,9 @@ def build_plan(
             tp.ranks = m.ranks(params, tp.n_inputs, tp.numel)
             passes = ("kth_high", "kth_low") if tp.ranks is not None else ()
             tp.passes = passes + (("sums",) if m.needs_sums(params) else ())
-        tp.row_len = info.numel if len(info.shape) <= 1 else info.row_numel
+        # a vector is one logical row; a whole-tensor method (sce) sees the whole tensor as one
+        whole = tp.row_local and getattr(m, "whole_tensor", False)
+        tp.row_len = info.numel if len(info.shape) <= 1 or whole else info.row_numel
         plans.append(tp)
 
     plan = MergePlan(
@@ -463,6 +486,7 @@ def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkp
     """Outputs of layer-range slices: pre-layer tensors from the first slice's sources, each slice's layers renumbered
     in order, post-layer tensors from the last slice's sources (mergekit 0.1.5 `MergePlanner.plan_module`)."""
     outs: list[_Out] = []
+    base_is_input = method.base_is_input(method.resolve(config.global_parameters(config.slices[0])))
 
     def base_source(sl: OutputSlice):
         found = [s for s in sl.sources if s.model.same_model(config.base_model)] if uses_base else [None]
@@ -475,7 +499,7 @@ def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkp
 
     def slice_refs(sl: OutputSlice):
         srcs = [s for s in sl.sources if not (uses_base and s.model.same_model(config.base_model))]
-        if method.base == "endpoint" and config.base_model is not None:
+        if config.base_model is not None and base_is_input:
             srcs = sorted(srcs, key=lambda s: not s.model.same_model(config.base_model))
         for s in srcs:
             open_ref(s.model, s.model.spec)

@@ -128,3 +128,15 @@ def test_card_of_a_data_driven_recipe_dict():
     assert card.data.base_model == ["org/base", "org/a", "org/b"]
     assert card.data.tags == ["hf_stable", "merge", "fw_merging"] and card.data.model_name == "fw-out"
     assert _yaml_block(card.text)["objective"] == {"kind": "kl_to_experts"}
+
+
+def test_card_names_fp32_arithmetic(tmp_path):
+    """`fp32_arithmetic: true` is named in the card's method section and kept in its recipe; the default is not."""
+    plain, _ = _config(tmp_path / "a", dtype="bfloat16")
+    upcast, _ = _config(tmp_path / "b", dtype="bfloat16", fp32_arithmetic=True)
+    plain_text, upcast_text = merge_model_card(plain), merge_model_card(upcast)
+    assert "fp32_arithmetic" not in plain_text
+    assert "Arithmetic: float32 (`fp32_arithmetic: true`)" in upcast_text
+    assert _yaml_block(ModelCard(upcast_text).text)["fp32_arithmetic"] is True
+    with pytest.raises(ValueError, match="fp32_arithmetic"):
+        MergeConfig.from_dict({"merge_method": "linear", "models": ["org/a"], "fp32_arithmetic": "yes"})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -165,7 +166,6 @@ def test_weights_field_and_round_trip(tmp_path):
         ),
         ({"merge_method": "linear", "models": ["a"], "read_threads": 2}, "one I/O thread"),
         ({"merge_method": "linear", "models": ["a"], "modules": {"x": {}}}, "unsupported mergekit feature"),
-        ({"merge_method": "linear", "models": ["a"], "tokenizer_source": "union"}, "union is not supported"),
         ({"merge_method": "linear", "models": ["a"], "tokenizer": {"source": "union", "tokens": {}}}, "unsupported"),
         ({"merge_method": "linear", "models": ["a"], "chat_template": "chatml"}, "unsupported"),
         ({"merge_method": "linear", "models": ["a"], "bogus": 1}, "unknown recipe keys"),
@@ -278,3 +278,48 @@ def test_redacted_recipe_names_local_inputs_by_folder(tmp_path):
 def test_import_is_torch_free():
     code = "import sys, hf_stable.merging as m; m.MergeConfig; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_numeric_parameters_written_as_strings_are_numbers(pico_models, tmp_path):
+    """YAML reads `tol: 1e-5` as the string "1e-5"; mergekit's pydantic models read it as a number, and so do we: the
+    merge equals the one with the float, while a string that is no number is refused naming the parameter."""
+    from hf_stable.merging import merge
+
+    recipe = "merge_method: karcher\nmodels: [{a}, {b}]\nparameters: {{tol: {tol}, max_iter: {it}}}\n"
+    a, b = pico_models["experts"][:2]
+    as_string = MergeConfig.from_yaml(recipe.format(a=a, b=b, tol="1e-5", it='"3"'))
+    assert as_string.parameters["tol"] == "1e-5"
+    resolved = as_string.method.resolve(as_string.parameters)
+    assert resolved == as_string.method.resolve({"tol": 1e-5, "max_iter": 3})
+    merge(as_string, tmp_path / "s", progress=False)
+    merge(MergeConfig.from_yaml(recipe.format(a=a, b=b, tol=0.00001, it=3)), tmp_path / "f", progress=False)
+    assert (tmp_path / "s" / "model.safetensors").read_bytes() == (tmp_path / "f" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="tol"):
+        merge(MergeConfig.from_yaml(recipe.format(a=a, b=b, tol="small", it=3)), tmp_path / "x", progress=False)
+
+
+def test_tokenizer_source_base_without_base_model_and_union(pico_models, tmp_path):
+    """mergekit 0.1.5 (`tokenizer/build.py`): `base` without a base_model is the first model's tokenizer; `union`
+    over one shared vocabulary is that vocabulary (identity permutations: the plain merge). A union over differing
+    vocabularies is refused by name before anything is written."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from hf_stable.merging import merge
+
+    a, b = pico_models["experts"][:2]
+    plain = Path(merge(MergeConfig.build("linear", [a, b]), tmp_path / "plain", progress=False).output_dir)
+    for source in ("base", "union"):
+        out = merge(MergeConfig.build("linear", [a, b], tokenizer_source=source), tmp_path / source, progress=False)
+        got = Path(out.output_dir)
+        assert (got / "model.safetensors").read_bytes() == (plain / "model.safetensors").read_bytes()
+        assert (got / "tokenizer.json").read_bytes() == (Path(a) / "tokenizer.json").read_bytes()
+    other = tmp_path / "other-vocab"
+    shutil.copytree(b, other)
+    tok = AutoTokenizer.from_pretrained(str(other))
+    tok.add_tokens(["<extra-token>"])
+    tok.save_pretrained(str(other))
+    with pytest.raises(ValueError, match="tokenizer_source: union"):
+        merge(MergeConfig.build("linear", [a, str(other)], tokenizer_source="union"), tmp_path / "u2", progress=False)
+    assert not (tmp_path / "u2").exists() and not (tmp_path / "u2.tmp").exists()

@@ -115,8 +115,11 @@ def test_model_stock_fp64(filter_wise):
     _close(got, _model_stock_ref(base, xs, filter_wise))
     got = merge_tensors("model_stock", [x[0] for x in xs], base=base[0], params={"filter_wise": filter_wise})
     _close(got, _model_stock_ref(base[0], [x[0] for x in xs], filter_wise))
-    with pytest.raises(ValueError, match="weight"):
-        merge_tensors("model_stock", xs, base=base, weights=[1, 1, 1])
+    # mergekit 0.1.5 accepts a per-model weight on model_stock and ignores it: the same output, and a warning
+    params = {"filter_wise": filter_wise}
+    with pytest.warns(UserWarning, match="weight"):
+        weighted = merge_tensors("model_stock", xs, base=base, weights=[3, 1, 0.5], params=params)
+    assert torch.equal(weighted, merge_tensors("model_stock", xs, base=base, params=params))
 
 
 def test_passthrough_copies_and_scales():
@@ -149,16 +152,20 @@ def _karcher_ref(vs, max_iter, tol):
     return sum(norms) * a * mean
 
 
-def test_karcher_is_mergekits_karcher_mean_and_honours_weights():
-    """`karcher` is fisher_rao at mergekit's iteration defaults (max_iter 10, tol 1e-5): with uniform weights it is
-    mergekit's Karcher mean; with weights, it is fisher_rao's weighted mean."""
+def test_karcher_is_mergekits_karcher_mean_and_ignores_weights():
+    """`karcher` is fisher_rao at mergekit's iteration defaults (max_iter 10, tol 1e-5) with mergekit's uniform
+    weights: mergekit's Karcher mean; per-model weights are ignored with a warning (mergekit 0.1.5
+    `karcher_merge_method` sets α = 1/N), while fisher_rao honours them."""
     _, xs = _data(3, seed=7, spread=1.5)
     vs = [_d(x) for x in xs]
     _close(merge_tensors("karcher", xs), _karcher_ref(vs, 10, 1e-5), tol=1e-6)
     _close(merge_tensors("fisher_rao", xs), _karcher_ref(vs, 500, 1e-13), tol=1e-6)
     w = [1.0, 2.0, 3.0]
+    with pytest.warns(UserWarning, match="weight"):
+        weighted = merge_tensors("karcher", xs, weights=w)
+    _close(weighted, merge_tensors("karcher", xs), tol=0)
     same = {"max_iter": 10, "tol": 1e-5}
-    _close(merge_tensors("karcher", xs, weights=w), merge_tensors("fisher_rao", xs, weights=w, params=same), tol=0)
+    assert not torch.equal(merge_tensors("fisher_rao", xs, weights=w, params=same), merge_tensors("karcher", xs))
 
 
 def test_arcee_fusion_fp64():

@@ -1,24 +1,25 @@
-"""Parity with mergekit 0.1.5 on its own recipes: hf_stable's output against mergekit's, committed as fixtures.
+"""Parity with mergekit 0.1.5 on its own recipes, run as written: hf_stable's output against mergekit's, committed as
+fixtures.
 
 The recipes (`mergekit_parity/recipes/`) are the settings of mergekit's `examples/` (the README's TIES recipe is
-`examples/ties.yml`) and one recipe per method, run over the tiny checkpoints of
-`mergekit_parity/mergekit_models.py`. The fixtures are mergekit's outputs (`mergekit_parity/regenerate.py` rebuilds
-them in mergekit's own venv). Both tools compute in float32 (`mergekit_models.prepare_recipe`) and round once to the
-recipe's dtype.
+`examples/ties.yml`) and one recipe per method, run over the tiny checkpoints of `mergekit_parity/mergekit_models.py`
+with nothing changed but the model paths: a recipe's `dtype` is the dtype of the arithmetic on both sides. The
+fixtures are mergekit's outputs (`mergekit_parity/regenerate.py` rebuilds them in mergekit's own venv).
 
-* bitwise equal wherever the arithmetic is the same operations in the same order (TIES and its family, SLERP,
-  NuSLERP, model stock, task arithmetic, Karcher at mergekit's iteration defaults, passthrough, Arcee Fusion);
-* within one ulp of the output dtype where it differs: `linear` (mergekit divides the weighted sum by Σw, hf_stable
-  sums `w_i/Σw · x_i`) and `multislerp` (mergekit adds its tangent-space step, zero up to float32 rounding);
+* every deterministic recipe is compared tensor by tensor, bitwise; the ones that are not yet bitwise are listed in
+  `NOT_BITWISE` with the reason, as strict expected failures (a fix makes them fail until the entry is removed);
 * DARE and DELLA draw random masks: mergekit from `torch.bernoulli`, hf_stable from its counter-based RNG, so the
   masks differ draw by draw. They are compared on what the two must share: the kept fraction (per magnitude
-  quartile for DELLA, whose keep probability depends on the rank) within binomial bounds, and the rescale rule
-  (the L1 norm of the task vector, recovered exactly from each tool's own mask).
+  quartile for DELLA, whose keep probability depends on the rank) within 4 binomial standard deviations, and the
+  rescale rule (the L1 norm of the task vector, recovered exactly from each tool's own mask);
+* `docs/merging.md`'s parity table is generated from these comparisons (`test_docs_parity_table_is_the_suites`;
+  `HF_STABLE_WRITE_PARITY_TABLE=1` rewrites it).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -31,15 +32,39 @@ from hf_stable.merging import MergeConfig, merge
 
 
 PARITY = Path(__file__).resolve().parent / "mergekit_parity"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "merging.md"
 sys.path.insert(0, str(PARITY))
 
 from mergekit_models import build, prepare_recipe  # noqa: E402
 
 
 RECIPES = sorted(p.stem for p in (PARITY / "recipes").glob("*.yml"))
-WITHIN_ONE_ULP = {"example-linear", "multislerp", "multislerp_base"}
-RANDOM = {"dare_linear", "dare_ties", "della", "della_linear"}
-BITWISE = [r for r in RECIPES if r not in WITHIN_ONE_ULP | RANDOM]
+BASIC = sorted(r for r in RECIPES if r.startswith("basic-"))  # mergekit's tests/test_basic_merges.py cases
+RANDOM = {"dare_linear", "dare_ties", "della", "della_linear"} | {r for r in BASIC if "-dare_" in r or "-della" in r}
+# Recipes whose output is not yet bitwise mergekit's, and why (measured; the docs table shows by how much).
+_ROUNDINGS = "mergekit rounds its intermediate tensors to the 16-bit dtype; hf_stable computes them in float32"
+_FP32 = "float32 rounding: hf_stable's coefficients come from the float64 Gram matrix, mergekit's from float32 norms"
+# Recipes whose output is not yet bitwise mergekit's: (why, bound). The bound is what `test_not_bitwise_bounds`
+# holds them to: ("eps", b) → max |Δ| ≤ b · eps(dtype) · max |mergekit's tensor| per tensor; ("frac", f) → at most a
+# fraction f of the elements differ.
+NOT_BITWISE: dict[str, tuple[str, tuple[str, float]]] = {
+    "karcher": (_ROUNDINGS, ("eps", 2)),
+    "karcher_base": (_FP32, ("eps", 3)),
+    "model_stock": (_ROUNDINGS, ("eps", 2)),
+    "model_stock_filter_wise": (_ROUNDINGS, ("eps", 8)),
+    "model_stock_weights": (_FP32, ("eps", 2)),
+    "multislerp": (_ROUNDINGS, ("eps", 2)),
+    "multislerp_base": (_ROUNDINGS, ("eps", 2)),
+    "nuslerp": (_ROUNDINGS, ("eps", 2)),
+    "nuslerp_columns": (_ROUNDINGS, ("eps", 2)),
+    "nuslerp_rows_base": (_ROUNDINGS, ("eps", 2)),
+    "nuslerp_flatten_and_row_wise": (_FP32, ("eps", 3)),
+    "slerp_weight_and_t": (_FP32, ("eps", 2)),
+    **{r: (_ROUNDINGS, ("eps", 2)) for r in BASIC if any(m in r for m in ("-karcher", "-model_stock", "-multislerp",
+                                                                         "-nuslerp"))},
+}
+DETERMINISTIC = [r for r in RECIPES if r not in RANDOM]
+TABLE_START, TABLE_END = "<!-- parity table: generated by tests/merging/test_mergekit_parity.py -->", "<!-- end -->"
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +72,31 @@ def folders(tmp_path_factory):
     return build(tmp_path_factory.mktemp("mergekit-models"))
 
 
+@pytest.fixture(scope="module")
+def outputs(folders, tmp_path_factory):
+    """hf_stable's output per recipe, merged once per module."""
+    root, cache = tmp_path_factory.mktemp("parity-out"), {}
+
+    def get(name: str, **overrides) -> dict[str, torch.Tensor]:
+        key = (name, tuple(sorted(overrides.items())))
+        if key not in cache:
+            try:
+                cache[key] = _run(name, folders, root / f"{name}-{len(cache)}", **overrides)
+            except ValueError as err:  # a recipe hf_stable refuses: kept, re-raised where it is used
+                cache[key] = err
+        if isinstance(cache[key], ValueError):
+            raise cache[key]
+        return cache[key]
+
+    return get
+
+
+def _recipe(name: str) -> dict:
+    return yaml.safe_load((PARITY / "recipes" / f"{name}.yml").read_text())
+
+
 def _run(name: str, folders, out: Path, **overrides) -> dict[str, torch.Tensor]:
-    recipe = prepare_recipe(yaml.safe_load((PARITY / "recipes" / f"{name}.yml").read_text()), folders)
+    recipe = prepare_recipe(_recipe(name), folders)
     recipe.update(overrides)
     merge(MergeConfig.from_dict(recipe), out, progress=False)
     return load_file(out / "model.safetensors")
@@ -58,45 +106,152 @@ def _fixture(name: str) -> dict[str, torch.Tensor]:
     return load_file(PARITY / "fixtures" / f"{name}.safetensors")
 
 
-def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a − b| in units of the spacing of the output dtype at max(|a|, |b|)."""
-    bits = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[a.dtype]
-    _, exponent = torch.frexp(torch.maximum(a.float().abs(), b.float().abs()))
-    return (a.float() - b.float()).abs() / torch.ldexp(torch.ones_like(a, dtype=torch.float32), exponent - bits)
+def _difference(ours: dict, theirs: dict) -> tuple[int, int, float, str]:
+    """(differing elements, elements, max |Δ|, "" or the two output dtypes when they differ) over every tensor."""
+    assert set(ours) == set(theirs)
+    bad = total = 0
+    worst, dtypes = 0.0, ""
+    for key, expected in theirs.items():
+        if ours[key].dtype != expected.dtype:
+            dtypes = f"output {str(ours[key].dtype)[6:]}, mergekit's {str(expected.dtype)[6:]}"
+        diff = ours[key].to(expected.dtype) != expected
+        bad, total = bad + int(diff.sum()), total + expected.numel()
+        if diff.any():
+            worst = max(worst, float((ours[key].double() - expected.double()).abs().max()))
+    return bad, total, worst, dtypes
 
 
 def test_every_example_recipe_and_method_is_covered():
     examples = {"arcee_fusion", "bio-merge", "gradient-slerp", "linear", "orcamini-platy-44layer", "ties"}
     assert {f"example-{e}" for e in examples} <= set(RECIPES)
-    methods = {yaml.safe_load((PARITY / "recipes" / f"{r}.yml").read_text())["merge_method"] for r in RECIPES}
+    methods = {_recipe(r)["merge_method"] for r in RECIPES}
     wanted = {"multislerp", "nuslerp", "model_stock", "della", "della_linear", "breadcrumbs", "breadcrumbs_ties"}
     assert wanted | {"passthrough", "karcher", "ties", "dare_linear", "dare_ties", "slerp", "linear"} <= methods
     assert set(RECIPES) == {p.stem for p in (PARITY / "fixtures").glob("*.safetensors")}
+    assert set(NOT_BITWISE) <= set(DETERMINISTIC)
 
 
-@pytest.mark.parametrize("name", BITWISE)
-def test_bitwise_equal_to_mergekit(name, folders, tmp_path):
-    ours, theirs = _run(name, folders, tmp_path / name), _fixture(name)
-    assert set(ours) == set(theirs)
-    for key, expected in theirs.items():
-        assert ours[key].dtype == expected.dtype and torch.equal(ours[key], expected), key
+def test_recipes_run_as_written():
+    """No rewrite between the recipe file and either tool: `prepare_recipe` only maps model names to folders."""
+    for name in RECIPES:
+        recipe = _recipe(name)
+        prepared = prepare_recipe(recipe, {k: k for k in _names(recipe)})
+        assert prepared == recipe, name
 
 
-@pytest.mark.parametrize("name", sorted(WITHIN_ONE_ULP))
-def test_within_one_ulp_of_mergekit(name, folders, tmp_path):
-    ours, theirs = _run(name, folders, tmp_path / name), _fixture(name)
-    assert set(ours) == set(theirs)
-    worst = max(float(_ulps(ours[k], theirs[k]).max()) for k in theirs)
-    assert worst <= 1.0
+def _names(recipe: dict) -> set[str]:
+    names = {recipe["base_model"]} if recipe.get("base_model") else set()
+    for m in recipe.get("models") or []:
+        names.add(m["model"] if isinstance(m, dict) else m)
+    for sl in recipe.get("slices") or []:
+        names |= {s["model"] for s in sl["sources"]}
+    return names
 
 
-def test_gradient_parameters_outside_the_layers_are_evaluated_at_t0(folders, tmp_path):
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=NOT_BITWISE[r][0])) if r in NOT_BITWISE else r
+     for r in DETERMINISTIC],
+)  # fmt: skip
+def test_bitwise_equal_to_mergekit(name, outputs):
+    bad, total, worst, dtypes = _difference(outputs(name), _fixture(name))
+    assert bad == 0 and not dtypes, f"{bad} of {total} elements differ (max {worst:.3g}) {dtypes}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in NOT_BITWISE if NOT_BITWISE[n][1] is not None))
+def test_not_bitwise_bounds(name, outputs):
+    """A recipe not yet bitwise stays within its stated bound of mergekit's output (rounding-level, or a few ties)."""
+    ours, theirs = outputs(name), _fixture(name)
+    kind, bound = NOT_BITWISE[name][1]
+    if kind == "frac":
+        bad, total, _, dtypes = _difference(ours, theirs)
+        assert not dtypes and bad <= bound * total, (bad, total)
+        return
+    for key, t in theirs.items():
+        assert ours[key].dtype == t.dtype, key
+        worst = float((ours[key].double() - t.double()).abs().max())
+        assert worst <= bound * torch.finfo(t.dtype).eps * float(t.double().abs().max()), (key, worst)
+
+
+def _dtypes(recipe: dict) -> str:
+    dtype = recipe.get("dtype") or "inputs'"
+    out = recipe.get("out_dtype")
+    return f"{dtype} → {out}" if out and out != dtype else dtype
+
+
+def parity_table(outputs) -> str:
+    """The markdown table of `docs/merging.md`, one row per recipe, from the comparisons of this suite."""
+    lines = [
+        "| recipe | method | dtype | hf_stable vs mergekit 0.1.5 | with `fp32_arithmetic: true` |",
+        "|---|---|---|---|---|",
+    ]
+    for name in RECIPES:
+        recipe = _recipe(name)
+        if name in RANDOM:
+            result = (
+                "random masks: kept fraction and rescale rule agree (statistical test)"
+                if name in STATISTICAL
+                else "random masks: runs; not compared element-wise (no statistical test on this recipe yet)"
+            )
+        elif NOT_BITWISE.get(name, ("", ()))[1] is None:
+            try:
+                outputs(name)
+                result = "runs, not compared"
+            except ValueError as err:
+                result = f"**refused**: {str(err)[:80]}"
+        else:
+            bad, total, worst, dtypes = _difference(outputs(name), _fixture(name))
+            result = (
+                f"**bitwise equal** ({total} elements)"
+                if bad == 0 and not dtypes
+                else f"{bad} of {total} elements differ (max {worst:.3g}){'; ' + dtypes if dtypes else ''}: "
+                f"{NOT_BITWISE.get(name, ('',))[0]}"
+            )
+        fp32 = "same arithmetic (float32 recipe)"
+        if name in BASIC or NOT_BITWISE.get(name, ("", ()))[1] is None:
+            fp32 = "not measured"
+        elif recipe.get("dtype") in ("float16", "bfloat16") and name not in RANDOM:
+            bad, total, worst, _ = _difference(outputs(name, fp32_arithmetic=True), _fixture(name))
+            fp32 = f"{bad} of {total} differ, max {worst:.3g}"
+        lines.append(f"| `{name}` | `{recipe['merge_method']}` | {_dtypes(recipe)} | {result} | {fp32} |")
+    return "\n".join(lines)
+
+
+def test_fp32_arithmetic_is_float32_rounded_once(outputs, folders):
+    """`fp32_arithmetic: true` ignores the recipe's 16-bit dtype for the arithmetic: the linear example then equals
+    the float32 weighted mean of the unrounded inputs, rounded once to float16, and no longer mergekit's output."""
+    name = "example-linear"
+    ours = outputs(name, fp32_arithmetic=True)
+    recipe = _recipe(name)
+    models = [load_file(Path(folders[m["model"]]) / "model.safetensors") for m in recipe["models"]]
+    w = [m["parameters"]["weight"] for m in recipe["models"]]
+    c = (torch.tensor(w, dtype=torch.float64) / sum(w)).float().tolist()
+    for key in ("model.layers.3.mlp.up_proj.weight", "lm_head.weight"):
+        expected = models[0][key] * c[0]  # float32 inputs, float32 products and sums in input order
+        for ci, m in zip(c[1:], models[1:], strict=True):
+            expected = expected + m[key] * ci
+        assert torch.equal(ours[key], expected.to(torch.float16)), key
+    assert _difference(ours, _fixture(name))[0] > 0 and _difference(outputs(name), _fixture(name))[0] == 0
+
+
+def test_docs_parity_table_is_the_suites(outputs):
+    text = DOCS.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    table = parity_table(outputs)
+    if os.environ.get("HF_STABLE_WRITE_PARITY_TABLE") == "1":
+        DOCS.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+        return
+    assert rest.split(TABLE_END, 1)[0].strip() == table, "regenerate with HF_STABLE_WRITE_PARITY_TABLE=1"
+
+
+def test_gradient_parameters_outside_the_layers_are_evaluated_at_t0(folders, outputs):
     """mergekit's README TIES recipe: `density: [1, 0.7, 0.1]` and `weight: [0, 0.3, 0.7, 1]` are evaluated at
     t = 0 for the final norm and lm_head (mergekit 0.1.5 `plan_module`), so those tensors equal mergekit's; at
     t = 1 (hf_stable before) they would not."""
     from hf_stable.merging.reference import merge_tensors
 
-    ours, theirs = _run("example-ties", folders, tmp_path / "ties"), _fixture("example-ties")
+    ours, theirs = outputs("example-ties"), _fixture("example-ties")
     load = {m: load_file(Path(folders[m]) / "model.safetensors") for m in ("base40", "orca40", "platypus40")}
     load["wizardmath40"] = load_file(Path(folders["wizardmath40"]) / "model.safetensors")
     for name in ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weight"):
@@ -109,12 +264,28 @@ def test_gradient_parameters_outside_the_layers_are_evaluated_at_t0(folders, tmp
         assert not torch.equal(at_t1, theirs[name]), name
 
 
-def test_ties_rescale_equals_mergekit(folders, tmp_path):
-    """TIES `rescale: true` (refused before): the L1-norm rescale of mergekit 0.1.5, bitwise."""
-    ours, theirs = _run("ties_rescale", folders, tmp_path / "ties_rescale"), _fixture("ties_rescale")
-    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+def test_ties_rescale_equals_mergekit(folders, outputs, tmp_path):
+    """TIES `rescale: true`: the L1-norm rescale of mergekit 0.1.5, bitwise; without it the output differs."""
+    theirs = _fixture("ties_rescale")
+    assert _difference(outputs("ties_rescale"), theirs)[0] == 0
     plain = _run("ties_rescale", folders, tmp_path / "plain", parameters={"rescale": False})
-    assert not all(torch.equal(plain[k], theirs[k]) for k in theirs)
+    assert _difference(plain, theirs)[0] > 0
+
+
+def test_threshold_ties_are_resolved_as_mergekit_sorts(folders, outputs, tmp_path):
+    """In float16 task vectors |τ| ties at the magnitude threshold; mergekit keeps the k entries its sort puts first.
+    The bio-merge example has such ties: bitwise mergekit's output with them resolved, not without."""
+    from hf_stable.merging.methods.ties import TiesMethod
+
+    theirs = _fixture("example-bio-merge")
+    assert _difference(outputs("example-bio-merge"), theirs)[0] == 0
+    selection = TiesMethod.mergekit_selection
+    try:
+        TiesMethod.mergekit_selection = lambda *a, **k: None  # the threshold rule alone: every tie kept
+        plain = _run("example-bio-merge", folders, tmp_path / "rule")
+    finally:
+        TiesMethod.mergekit_selection = selection
+    assert 0 < _difference(plain, theirs)[0] < 10
 
 
 def _kept_and_factor(out: dict, base: dict, model: dict):
@@ -134,10 +305,14 @@ def _kept_and_factor(out: dict, base: dict, model: dict):
     return rows
 
 
-@pytest.mark.parametrize("name", ["dare_linear", "dare_ties", "della", "della_linear"])
-def test_random_methods_match_mergekit_statistically(name, folders, tmp_path):
-    """The masks differ draw by draw; the kept fraction (per |τ| quartile) and the L1 rescale rule agree."""
-    ours = _run(name, folders, tmp_path / name)
+STATISTICAL = ["dare_linear", "dare_ties", "della", "della_linear"]
+
+
+@pytest.mark.parametrize("name", STATISTICAL)
+def test_random_methods_match_mergekit_statistically(name, folders, outputs):
+    """The masks differ draw by draw; the kept fraction (per |τ| quartile) and the L1 rescale rule agree, and for
+    DARE the two masks agree per element as often as two independent Bernoulli masks would."""
+    ours = outputs(name)
     theirs = _fixture(name)
     base = load_file(Path(folders["base"]) / "model.safetensors")
     orca = load_file(Path(folders["orca"]) / "model.safetensors")
@@ -149,6 +324,14 @@ def test_random_methods_match_mergekit_statistically(name, folders, tmp_path):
         assert abs(float(kept.mean()) - density) < 4 * math.sqrt(density * (1 - density) / n)
         for key, _, _, factor, l1_rule in rows:  # float32 outputs: the factor is recovered to ~1e-6
             assert factor == pytest.approx(l1_rule, rel=1e-4), key
+    if name.startswith("dare"):
+        # Per-element agreement: two independent Bernoulli(p) masks agree with probability p² + (1 − p)²; the
+        # observed agreement of hf_stable's mask with mergekit's lies within 4 binomial standard deviations of it
+        # (a mask correlated with, or anti-correlated with, mergekit's would not).
+        masks = [torch.cat([r[1].reshape(-1) for r in _kept_and_factor(t, base, orca)]) for t in (ours, theirs)]
+        agree = float((masks[0] == masks[1]).double().mean())
+        expected = density**2 + (1 - density) ** 2
+        assert abs(agree - expected) < 4 * math.sqrt(expected * (1 - expected) / masks[0].numel()), agree
     # DELLA keeps large |τ| more often: the kept fraction per |τ| quartile, the same in both tools
     quartiles = []
     for tool in (ours, theirs):
@@ -161,3 +344,13 @@ def test_random_methods_match_mergekit_statistically(name, folders, tmp_path):
         assert abs(a - b) < 4 * math.sqrt(2 * 0.25 / n_q)
     if name.startswith("della"):
         assert quartiles[0][3] > quartiles[0][0] + 0.1 and quartiles[1][3] > quartiles[1][0] + 0.1
+
+
+def test_della_epsilon_beyond_density_is_refused_as_in_mergekit(folders, tmp_path):
+    """mergekit's test_basic_merges `della_invalid_epsilon`: density 0.66 with epsilon 1.35 (keep probabilities
+    outside [0, 1]) raises ValueError in mergekit; hf_stable refuses it too, naming epsilon, before writing."""
+    recipe = prepare_recipe(_recipe("basic-della"), folders)
+    recipe["parameters"] = {"density": 0.66, "epsilon": 1.35, "lambda": 0.5}
+    with pytest.raises(ValueError, match="epsilon"):
+        merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -171,10 +171,13 @@ def test_fisher_rao_methods_and_alias():
     from hf_stable.merging.gram import karcher_direct
 
     expected = karcher_direct(x, a)
-    for name in ("fisher_rao", "karcher"):
-        params = {"max_iter": 50, "tol": 1e-7}  # karcher's defaults are mergekit's (10, 1e-5)
-        got = merge_tensors(name, xs, weights=w, params=params)
-        assert torch.allclose(got.reshape(-1).double(), expected, atol=1e-5)
+    got = merge_tensors("fisher_rao", xs, weights=w, params={"max_iter": 50, "tol": 1e-7})
+    assert torch.allclose(got.reshape(-1).double(), expected, atol=1e-5)
+    # karcher (mergekit's): uniform α whatever the weights (ignored with a warning); its defaults are (10, 1e-5)
+    uniform = karcher_direct(x, torch.full((3,), 1 / 3, dtype=torch.float64))
+    with pytest.warns(UserWarning, match="weight"):
+        got = merge_tensors("karcher", xs, weights=w, params={"max_iter": 50, "tol": 1e-7})
+    assert torch.allclose(got.reshape(-1).double(), uniform, atol=1e-5)
     # task-vector space: base + Karcher mean of the task vectors
     tv = x - base.reshape(-1).double()
     with warnings.catch_warnings():
@@ -201,7 +204,7 @@ def test_wsm_coefficients_from_schedule():
     assert torch.allclose(got, sum(ci * x for ci, x in zip(c, xs, strict=True)), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n != "wsm"])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in ("wsm", "karcher")])  # karcher: mergekit's uniform α
 def test_weights_change_the_output(name):
     base, xs = _data(2 if name == "slerp" else 3, seed=4)
     params = {"density": 0.6} if name in ("ties", "dare_ties", "dare_linear") else {}
@@ -344,6 +347,24 @@ def test_rng_tiling_independence(cuts, seed, start):
     parts = torch.cat([rng.uniform(seed, 2, "a.weight", start + a, b - a) for a, b in _split(3000, cuts)])
     assert torch.equal(whole, parts)
     assert float(whole.min()) >= 0.0 and float(whole.max()) < 1.0
+
+
+def test_rng_is_splitmix64_of_a_keyed_weyl_sequence():
+    """Exact values against SplitMix64's output function in plain Python integers (Steele, Lea, Flood 2014), at
+    indices below and above 2^32: the vectorised int64 version (wrapping products, masked logical shifts) is it."""
+    m64 = (1 << 64) - 1
+    key = rng.stream_key(7, 3, "model.layers.0.mlp.up_proj.weight")
+    state0 = ((key << 32) | rng._hash32_int(key ^ 0x9E3779B9)) & m64
+
+    def splitmix_top32(i):
+        z = (state0 + i * 0x9E3779B97F4A7C15) & m64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m64
+        return (z ^ (z >> 31)) >> 32
+
+    for start in (0, 2**32 - 3, 2**40 + 11):
+        got = rng.random_bits(7, 3, "model.layers.0.mlp.up_proj.weight", start, 6).tolist()
+        assert got == [splitmix_top32(start + j) for j in range(6)]
 
 
 def test_rng_keep_rate_and_independence_of_keys():

@@ -51,6 +51,9 @@ CHANGED = {
     "schedule": "cosine",
     "quadrature": "left",
     "floor": 0.3,
+    "r": 0.5,
+    "alpha": 0.5,
+    "select_topk": 0.5,
 }
 
 # Where one method needs another value than the name's (multislerp's eps is added to the norms).
@@ -66,6 +69,10 @@ CONTEXT = {
     ("*", "lambda"): {"density": 0.5},
     ("slerp", "allow_extrapolation"): {"t": 1.5},
     ("*", "step"): {"max_iter": 2},
+    ("nuslerp", "nuslerp_row_wise"): {"nuslerp_flatten": False},
+    # RAM+ rescales unique entries only: with epsilon at the task vectors' scale some entries are unique, some shared
+    ("ramplus_tl", "r"): {"epsilon": 0.4},
+    ("ramplus_tl", "alpha"): {"epsilon": 0.4},  # flattening wins (mergekit): per column only then
 }
 
 DATA_DRIVEN = "fw_merging"  # its parameters belong to FW-Merging's own schema (tests/merging/test_fw.py)

@@ -12,6 +12,9 @@ from hf_stable.merging.methods import fisher_rao as _fisher_rao  # noqa: F401  (
 from hf_stable.merging.methods import fw_merging as _fw_merging  # noqa: F401
 from hf_stable.merging.methods import linear as _linear  # noqa: F401  (linear, passthrough)
 from hf_stable.merging.methods import model_stock as _model_stock  # noqa: F401
+from hf_stable.merging.methods import nearswap as _nearswap  # noqa: F401
+from hf_stable.merging.methods import ram as _ram  # noqa: F401  (ram, ramplus_tl)
+from hf_stable.merging.methods import sce as _sce  # noqa: F401
 from hf_stable.merging.methods import slerp as _slerp  # noqa: F401  (slerp, nuslerp)
 from hf_stable.merging.methods import task_arithmetic as _task_arithmetic  # noqa: F401
 from hf_stable.merging.methods import ties as _ties  # noqa: F401  (ties, breadcrumbs, breadcrumbs_ties)

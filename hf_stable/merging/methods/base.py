@@ -76,6 +76,7 @@ def number(**bounds) -> Callable[..., None]:
     def check(name, value, where=None):
         check_number(name, value, where=where, **bounds)
 
+    check.parse = float
     return check
 
 
@@ -83,7 +84,24 @@ def integer(**bounds) -> Callable[..., None]:
     def check(name, value, where=None):
         check_int(name, value, where=where, **bounds)
 
+    check.parse = int
     return check
+
+
+def _parse_numeric(param: Param, value: Any) -> Any:
+    """A numeric parameter written as a string (YAML reads `1e-5` as the string "1e-5") as the number mergekit's
+    pydantic models read from it; a string that is no number stays, for the check to refuse by name."""
+    parse = getattr(param.check, "parse", None)
+    if parse is None:
+        return value
+    if isinstance(value, (list, tuple)) and param.per_model:
+        return [_parse_numeric(param, x) for x in value]
+    if isinstance(value, str):
+        try:
+            return parse(value.strip())
+        except ValueError:
+            return value
+    return value
 
 
 def boolean(name, value, where=None) -> None:
@@ -122,6 +140,9 @@ class MergeMethod:
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
     data_driven: ClassVar[bool] = False
+    # mergekit 0.1.5 accepts a per-model `weight` on this method and ignores it (checked on its outputs): accepted
+    # with a warning instead of refused.
+    ignores_weight: ClassVar[bool] = False
 
     def __init__(self, name: str | None = None):
         self.name = name or self.default_name
@@ -151,7 +172,8 @@ class MergeMethod:
         out = self.param_defaults
         for key, value in (params or {}).items():
             if key != "weight":
-                out[key] = value
+                p = self.param(key)
+                out[key] = value if p is None else _parse_numeric(p, value)
         return out
 
     def uses_weights(self) -> bool:
@@ -164,6 +186,9 @@ class MergeMethod:
     def validate_weights(self, weights: Sequence[float] | None, params: Mapping[str, Any]) -> None:
         """Refuse per-model weights the method would not read (nothing is silently ignored)."""
         if weights is not None and not self.uses_weights():
+            if self.ignores_weight:
+                warn_ignored(f"{self.where}: a per-model `weight` has no effect (mergekit 0.1.5 ignores it too)")
+                return
             raise ValueError(f"{self.where} does not take a per-model `weight`; remove it from the recipe.")
 
     def space(self, params: Mapping[str, Any], has_base: bool) -> str:
@@ -173,6 +198,10 @@ class MergeMethod:
         if self.base == "by_space":
             return self.resolve(params).get("space", "weights")
         return "weights"
+
+    def base_is_input(self, params: Mapping[str, Any]) -> bool:
+        """Whether a given `base_model` is one of the inputs, the first (slerp's t = 0 end; mergekit's `karcher`)."""
+        return self.base == "endpoint"
 
     def requires_base(self, params: Mapping[str, Any]) -> bool:
         """Whether a `base_model` is needed (task vectors). An endpoint method's first model is its base end when no
@@ -216,10 +245,46 @@ class MergeMethod:
         """Method-specific checks on resolved params (cross-parameter rules)."""
 
 
+def round_(x: torch.Tensor, cdt: torch.dtype | None) -> torch.Tensor:
+    """`x` (float32) rounded in place to the compute dtype `cdt` and held in float32, or `x` unchanged (`cdt` None).
+
+    On CPU a float16/bfloat16 torch operation computes in float32 and rounds its result once (`sum` over a dimension
+    accumulates in float32 and rounds once), so a float32 operation followed by `round_` gives bitwise the value
+    mergekit's operation in `cdt` gives; the methods call it where mergekit's tensors are in the recipe's dtype.
+    """
+    if cdt is not None:
+        x.copy_(x.to(cdt))
+    return x
+
+
+def warn_ignored(message: str) -> None:
+    """A recipe setting mergekit accepts and ignores: accepted as mergekit does, and said."""
+    import warnings
+
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
 class GramMethod(MergeMethod):
     """Output `[base +] Σ_i c_i v_i` with `c = coefficients(gram, weights, params)`."""
 
     kind = "gram"
+    # Whether `rounded_combine` replaces the coefficient combine when the arithmetic is in a 16-bit dtype.
+    rounded: ClassVar[bool] = False
+
+    def rounded_combine(
+        self, v: torch.Tensor, weights: torch.Tensor, params: Mapping[str, Any], cdt: torch.dtype
+    ) -> torch.Tensor:
+        """mergekit's operations in its order, rounded to `cdt` where mergekit's tensors are in it.
+
+        Args:
+            v: `(N, n)` float32 inputs in `space`, already rounded to `cdt` (task vectors rounded after the
+                subtraction).
+            weights: `(N,)` float32 per-model weights.
+
+        Returns:
+            `(n,)` float32 holding `cdt` values (the engine adds the base and rounds again).
+        """
+        raise NotImplementedError
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         """False when `coefficients` ignores the Gram (linear, task arithmetic, WSM): the engine may pass None."""
@@ -263,9 +328,16 @@ class ElementwiseMethod(MergeMethod):
         """Per-model magnitude-trim densities, or None when no thresholds are needed (TIES family)."""
         return None
 
-    def score(self, v: torch.Tensor, *, base: torch.Tensor | None, row_len: int) -> torch.Tensor:
-        """`(n,)` non-negative float32 values ranked by `ranks` (default `|v|`); `v` is one model's chunk."""
+    def score(self, v: torch.Tensor, *, base: torch.Tensor | None, row_len: int, cdt=None) -> torch.Tensor:
+        """`(N, n)` non-negative float32 values ranked by `ranks` (default `|v|`); `cdt` as in `combine`."""
         return v.abs()
+
+    def mergekit_selection(self, w: torch.Tensor, i: int, params: Mapping[str, Any], thresholds: torch.Tensor):
+        """The flat indices mergekit's sort keeps for model `i`, from its whole-tensor scores `w` (`(numel,)`
+        float32), when ties at the thresholds make the threshold rule keep another set; None otherwise (or for a
+        method without a sort-based selection). In a 16-bit recipe the engine passes the kept entries at the
+        boundary values to `combine` as `ties` (`ties.apply_ties`)."""
+        return None
 
     def needs_sums(self, params: Mapping[str, Any]) -> bool:
         """Whether `combine` needs whole-tensor sums gathered by `accumulate` in a pass before it."""
@@ -306,6 +378,7 @@ class ElementwiseMethod(MergeMethod):
             base: `(n,)` float32 base chunk for task-vector methods (the engine adds it back), else None.
             row_len: elements per logical row (row-local methods; chunks hold whole rows; a vector is one row).
             shape: the whole tensor's shape.
+            cdt: the 16-bit compute dtype whose roundings the method reproduces (`round_`), or None (float32).
 
         Returns:
             `(n,)` float32 merged vector in `space` (the engine adds the base for task vectors).

@@ -139,12 +139,25 @@ class MultiSlerpMethod(GramMethod):
 
 class KarcherMethod(FisherRaoMethod):
     """mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
-    `tol` 1e-5) so a mergekit recipe gives mergekit's result; per-model weights are honoured."""
+    `tol` 1e-5) and its uniform weights (a recipe's per-model weights are ignored with a warning, as mergekit
+    ignores them), so a mergekit recipe gives mergekit's result; `fisher_rao` honours weights."""
 
     default_name = "karcher"
+
+    def coefficients(self, gram, weights, params):
+        """mergekit 0.1.5 `karcher_merge_method`: α = 1/N for every input, whatever the recipe's weights."""
+        return super().coefficients(gram, torch.ones_like(torch.as_tensor(weights, dtype=torch.float64)), params)
+
+    def base_is_input(self, params) -> bool:
+        """mergekit 0.1.5's `karcher` averages every entry of its tensor group, the base model's included: a base
+        given with full weights (`space: weights`) is one more input of the mean, with weight 1."""
+        return self.space(params, True) == "weights"
+
+    ignores_weight = True  # mergekit 0.1.5's karcher averages uniformly: a weight is accepted, warned, unused
     params = tuple(
         Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
         for p in FisherRaoMethod.params
+        if p.name != "weight"
     )
 
 

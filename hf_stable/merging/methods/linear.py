@@ -16,7 +16,7 @@ import torch
 
 from hf_stable.papers import PAPERS
 
-from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, _per_model, boolean, number
+from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, _per_model, boolean, number, round_
 
 
 def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -39,11 +39,28 @@ class LinearMethod(GramMethod):
     default_name = "linear"
     params = (WEIGHT, Param("normalize", True, "Divide by the weight sum.", boolean))
 
+    rounded = True
+
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False
 
     def coefficients(self, gram, weights, params):
         return linear_coefficients(weights, bool(self.resolve(params)["normalize"]))
+
+    def rounded_combine(self, v, weights, params, cdt):
+        """mergekit's order in a 16-bit recipe: the inputs (rounded to `cdt`) summed as `Σ w_i x_i` in float32,
+        input order, each step a fused multiply-add (mergekit's `addcmul_`; emulated in float64, where the product
+        of a 16-bit input and a float32 weight is exact), then divided by the float32 `Σ w_i`; rounded to `cdt`."""
+        w = torch.as_tensor(weights, dtype=torch.float32).reshape(-1)
+        out = torch.zeros_like(v[0])
+        for i, c in enumerate(w.tolist()):
+            out.copy_(out.double().add_(v[i].double().mul_(c)))
+        if self.resolve(params)["normalize"]:
+            total = w.sum()
+            if float(total) == 0.0:
+                linear_coefficients(w, True)  # raises, naming the weights
+            out.div_(total)
+        return round_(out, cdt)
 
 
 @MERGE_METHODS.register(

@@ -38,6 +38,8 @@ def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
 class ModelStockMethod(ElementwiseMethod, GramMethod):
     """Model Stock (Jang, Yun, Han 2024, arXiv 2403.19522). Params: `filter_wise` (false: one angle per tensor)."""
 
+    ignores_weight = True
+
     kind = "elementwise"
     default_name = "model_stock"
     base = "task_vector"

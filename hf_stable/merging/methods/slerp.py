@@ -20,7 +20,7 @@ import torch
 
 from hf_stable.merging.gram import slerp_coefficients
 
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, Param, boolean, number
+from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, Param, boolean, number, warn_ignored
 
 
 def _t_from_weights(weights, *, cancel_tol: float | None = None) -> float:
@@ -71,8 +71,9 @@ class SlerpMethod(GramMethod):
         p = self.resolve(params)
         if weights is None:
             return
-        if p["t"] is not None:
-            raise ValueError(f"{self.where}: `weight` has no effect when `t` is given; give one of them.")
+        if p["t"] is not None:  # mergekit 0.1.5 accepts both and interpolates at t
+            warn_ignored(f"{self.where}: `weight` has no effect when `t` is given (t wins, as in mergekit 0.1.5)")
+            return
         t = self._t(weights, p)
         if not p["allow_extrapolation"] and not 0.0 <= t <= 1.0:
             raise ValueError(
@@ -131,10 +132,10 @@ class NuSlerpMethod(ElementwiseMethod, GramMethod):
         return "gram" if self.resolve(params)["nuslerp_flatten"] else "elementwise"
 
     def _validate(self, params, n_models, has_base):
-        if params["nuslerp_flatten"] and params["nuslerp_row_wise"]:
-            raise ValueError(
-                f"{self.where}: `nuslerp_row_wise` has no effect with `nuslerp_flatten`: true (one angle per tensor); "
-                "set nuslerp_flatten: false to interpolate per column."
+        if params["nuslerp_flatten"] and params["nuslerp_row_wise"]:  # mergekit 0.1.5: flattening wins
+            warn_ignored(
+                f"{self.where}: `nuslerp_row_wise` has no effect with `nuslerp_flatten`: true (one angle per tensor, "
+                "as in mergekit 0.1.5)"
             )
 
     def row_local_for(self, params) -> bool:

@@ -40,9 +40,20 @@ class TaskArithmeticMethod(GramMethod):
         Param("normalize", False, "Divide by the weight sum.", boolean),
     )
 
+    rounded = True
+
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False
 
     def coefficients(self, gram, weights, params):
         p = self.resolve(params)
         return task_arithmetic_coefficients(weights, float(p["lambda"]), bool(p["normalize"]))
+
+    def rounded_combine(self, v, weights, params, cdt):
+        """mergekit computes task arithmetic as its generalised task arithmetic without sparsification or consensus,
+        in the recipe's dtype."""
+        from .ties import gta_combine
+
+        p = self.resolve(params)
+        return gta_combine(v, weights, consensus=False, normalize=bool(p["normalize"]), lam=float(p["lambda"]),
+                           cdt=cdt)  # fmt: skip

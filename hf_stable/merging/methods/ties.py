@@ -39,6 +39,7 @@ from .base import (
     boolean,
     keep_count,
     number,
+    round_,
 )
 
 
@@ -54,6 +55,7 @@ def gta_combine(
     consensus: bool = True,
     normalize: bool = True,
     lam: float = 1.0,
+    cdt: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Generalised task arithmetic on one chunk of sparsified task vectors, elementwise (any chunking gives bitwise
     the same result).
@@ -66,6 +68,8 @@ def gta_combine(
         consensus: TIES sign election + disjoint merge; otherwise a plain weighted sum.
         normalize: divide by the (agreeing) weight sum.
         lam: final scale λ.
+        cdt: a 16-bit compute dtype: every intermediate is rounded to it where mergekit's is (its weights are a
+            tensor of that dtype, its sums over the models accumulate in float32 and round once), or None.
 
     Returns:
         `(n,)` float32 merged task vector.
@@ -75,33 +79,41 @@ def gta_combine(
     w = [float(x) for x in torch.as_tensor(weights).reshape(-1).tolist()]
     if len(w) != n_models:
         raise ValueError(f"weights has {len(w)} entries for {n_models} models.")
+    if cdt is not None:  # mergekit's weights tensor has the task vectors' dtype
+        w = torch.tensor(w, dtype=torch.float32).to(cdt).float().tolist()
     weighted = []
     for i, t in enumerate(rows):
         if divide is not None and divide[i] != 1.0:
-            t = t / divide[i]
+            t = round_(t / divide[i], cdt)
         if multiply is not None and multiply[i] != 1.0:
-            t = t * multiply[i]
-        weighted.append(t * w[i] if w[i] != 1.0 else t)  # x · 1 = x exactly: the multiply is skipped
+            t = round_(t * multiply[i], cdt)
+        weighted.append(round_(t * w[i], cdt) if w[i] != 1.0 else t)  # x · 1 = x exactly: no multiply
     # Explicit left-to-right sums (not .sum(dim=0)) keep the rounding independent of the chunk length.
     if consensus:
         total = weighted[0].clone()
         for t in weighted[1:]:
             total.add_(t)
+        if cdt is not None:  # mergekit's sign is that of the rounded sum, and a sum rounded to −0 counts as +
+            total = round_(total, cdt).add_(0.0)
         majority = elect(total)
         agreeing, divisor = torch.zeros_like(total), torch.zeros_like(total)
         for i, t in enumerate(weighted):
             disjoint_add(agreeing, divisor, t, majority, w[i])
+        if cdt is not None:
+            round_(agreeing, cdt), round_(divisor, cdt)
         mixed = disjoint_mean(agreeing, divisor, majority, w) if normalize else agreeing.mul_(majority)
     else:
         mixed = weighted[0].clone()
         for t in weighted[1:]:
             mixed.add_(t)
+        round_(mixed, cdt)
         if normalize:
-            total_w = sum(w)
+            total_w = sum(w) if cdt is None else float(torch.tensor(w).sum().to(cdt))
             if abs(total_w) >= 1e-8:
                 mixed = mixed / total_w
+    mixed = round_(mixed, cdt)
     if lam != 1.0:
-        mixed = mixed * lam
+        mixed = round_(mixed * lam, cdt)
     return mixed
 
 
@@ -152,6 +164,21 @@ def keep_at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.nn.functional.hardshrink(t, previous_float(threshold)) if math.isfinite(threshold) else t * 0.0
 
 
+def apply_ties(out: torch.Tensor, v: torch.Tensor, ties, offset: int) -> torch.Tensor:
+    """Resolve threshold ties as mergekit's sort did: `ties` is `(boundary values, sorted flat indices kept among the
+    entries whose |v| equals one)` from `mergekit_selection` (via the engine), or None. Entries of this chunk (flat
+    index `offset + j`) at a boundary value are kept (`v`) iff listed, else set to +0."""
+    if ties is None:
+        return out
+    bounds, kept = ties
+    at = torch.isin(v.abs(), bounds).nonzero().reshape(-1)
+    if at.numel():
+        keep = torch.isin(at + offset, kept)
+        out = out.clone() if out is v else out
+        out[at] = torch.where(keep, v[at], torch.zeros((), dtype=v.dtype))
+    return out
+
+
 def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
     """`tau` (any shape) with its entries below the k-th largest |τ| zeroed, `k = keep_count(density, numel)`:
     the magnitude trimming of `ties` on a whole tensor."""
@@ -162,10 +189,15 @@ def trim(tau: torch.Tensor, density: float) -> torch.Tensor:
     return keep_at_least(tau.float(), kth_largest_abs_tensor(tau, keep_count(density, tau.numel())))
 
 
-def l1_factors(sums: list[tuple[float, float]] | None, n_models: int) -> list[float]:
-    """`‖τ_i‖₁ / ‖kept τ_i‖₁` per model (1 where either norm is below `L1_EPS`)."""
+def l1_factors(sums: list[tuple[float, float]] | None, n_models: int, cdt: torch.dtype | None = None) -> list[float]:
+    """`‖τ_i‖₁ / ‖kept τ_i‖₁` per model (1 where either norm is below `L1_EPS`); with a 16-bit `cdt`, both norms
+    and their ratio rounded to it (mergekit's norms are tensors of the task vector's dtype)."""
     if sums is None:
         return [1.0] * n_models
+    if cdt is not None:
+        r = lambda x: float(torch.tensor(x, dtype=torch.float64).to(cdt))  # noqa: E731
+        sums = [(r(before), r(after)) for before, after in sums]
+        return [r(before / after) if before >= L1_EPS and after >= L1_EPS else 1.0 for before, after in sums]
     return [before / after if before >= L1_EPS and after >= L1_EPS else 1.0 for before, after in sums]
 
 
@@ -237,7 +269,7 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
             else:
                 if sums is None:
                     raise ValueError(f"{self.where}: rescale needs the whole-tensor L1 norms (sums=None)")
-                multiply = l1_factors(sums, n_models)
+                multiply = l1_factors(sums, n_models, kw.get("cdt"))
         return gta_combine(
             kept,
             weights,
@@ -246,6 +278,7 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
             consensus=self.consensus,
             normalize=bool(p["normalize"]),
             lam=float(p["lambda"]),
+            cdt=kw.get("cdt"),
         )
 
 
@@ -256,11 +289,23 @@ class _MagnitudeMethod(GeneralizedTaskArithmetic):
         d = self.densities(params, n_models)
         return None if d is None else [(keep_count(x, numel),) for x in d]
 
-    def sparsify(self, v, params, *, thresholds=None, **kw):
+    def sparsify(self, v, params, *, thresholds=None, ties=None, offset=0, **kw):
         if thresholds is None:
             return [None] * v.shape[0]
         thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(-1).tolist()
-        return [None if t <= 0 else keep_at_least(v[i], t) for i, t in enumerate(thr)]
+        ties = ties or [None] * v.shape[0]
+        return [None if t <= 0 else apply_ties(keep_at_least(v[i], t), v[i], ties[i], offset)
+                for i, t in enumerate(thr)]  # fmt: skip
+
+    def mergekit_selection(self, w, i, params, thresholds):
+        """mergekit's `sparsify.magnitude` keeps the first k of a descending argsort of |τ|; when |τ| ties at the
+        threshold so that more than k entries reach it, those are its kept indices (else None: the rule is exact)."""
+        d = _per_model(self.resolve(params)["density"], len(thresholds), "density", self.name)[i]
+        t = float(thresholds[i].reshape(-1)[0])
+        k = keep_count(d, w.numel())
+        if d >= 1 or not t > 0 or int((w >= t).sum()) == k:
+            return None
+        return torch.argsort(w, descending=True)[:k]
 
 
 @MERGE_METHODS.register(
@@ -305,15 +350,35 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
             out.append((top_cut, top_cut + k))
         return out
 
-    def sparsify(self, v, params, *, thresholds=None, **kw):
+    def sparsify(self, v, params, *, thresholds=None, ties=None, offset=0, **kw):
         if thresholds is None:
             return [None] * v.shape[0]
         thr = torch.as_tensor(thresholds, dtype=torch.float32).reshape(v.shape[0], 2).tolist()
+        ties = ties or [None] * v.shape[0]
         out = []
         for i, (hi, lo) in enumerate(thr):
             low = keep_at_least(v[i], lo)
-            out.append(low - keep_at_least(low, hi) if math.isfinite(hi) else low)  # x − x = +0 above hi
+            kept = low - keep_at_least(low, hi) if math.isfinite(hi) else low  # x − x = +0 above hi
+            out.append(apply_ties(kept, v[i], ties[i], offset))
         return out
+
+    def mergekit_selection(self, w, i, params, thresholds):
+        """mergekit's `sparsify.magnitude_outliers` keeps ascending sorted positions `[n_bot, n_bot + k)` of |τ|;
+        when ties at either boundary make the threshold rule keep another count, those are its kept indices."""
+        p = self.resolve(params)
+        n = len(thresholds)
+        d = _per_model(p["density"], n, "density", self.name)[i]
+        g = _per_model(p["gamma"], n, "gamma", self.name)[i]
+        if d >= 1:
+            return None
+        numel = w.numel()
+        k, n_top = int(d * numel), int(g * numel)
+        n_bot = max(0, numel - k - n_top)
+        hi, lo = (float(x) for x in thresholds[i].reshape(-1)[:2])
+        rule = (w >= lo) & (w < hi) if math.isfinite(hi) else (w >= lo)
+        if int(rule.sum()) == k:
+            return None
+        return torch.sort(w, descending=False).indices[n_bot : n_bot + k]
 
 
 @MERGE_METHODS.register(

@@ -45,8 +45,12 @@ NAMES = {
     "BioMistral/BioMistral-7B": "biomistral",
     "model_a": "wizardmath",
     "model_b": "mistral-instruct",
+    "model_c": "biomistral",
     **{name: name for name in FOLDERS},
 }
+# bfloat16 copies of three 4-layer checkpoints (the same weights rounded once), for recipes over bf16 inputs.
+BF16_FOLDERS = {"model_a_bf16": "wizardmath", "model_b_bf16": "mistral-instruct", "model_c_bf16": "biomistral"}
+NAMES.update({name: name for name in BF16_FOLDERS})
 
 
 def config(layers: int) -> dict:
@@ -108,13 +112,20 @@ def build(root: str | Path) -> dict[str, str]:
             path.mkdir(parents=True, exist_ok=True)
             save_file(weights(layers, seed), str(path / "model.safetensors"), metadata={"format": "pt"})
             (path / "config.json").write_text(json.dumps(config(layers), indent=1))
+    for folder, source in BF16_FOLDERS.items():
+        path = root / folder
+        if not (path / "model.safetensors").exists():
+            path.mkdir(parents=True, exist_ok=True)
+            layers, seed = FOLDERS[source]
+            tensors = {k: v.to(torch.bfloat16) for k, v in weights(layers, seed).items()}
+            save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+            (path / "config.json").write_text(json.dumps({**config(layers), "torch_dtype": "bfloat16"}, indent=1))
     return {name: str(root / folder) for name, folder in NAMES.items()}
 
 
 def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
-    """A recipe as both tools run it in the parity suite: model names → local folders, and a 16-bit `dtype` (which
-    is mergekit's compute dtype) turned into `dtype: float32` + `out_dtype: <it>`, because hf_stable always computes
-    in float32. So the arithmetic compared is float32 on both sides, rounded once to the recipe's dtype."""
+    """A recipe as both tools run it in the parity suite: model names → local folders, nothing else changed (the
+    recipe's `dtype` and `out_dtype` are run as written)."""
     import copy
 
     recipe = copy.deepcopy(recipe)
@@ -130,6 +141,4 @@ def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
         recipe["models"] = [local(m) for m in recipe["models"]]
     for sl in recipe.get("slices") or []:
         sl["sources"] = [local(s) for s in sl["sources"]]
-    if recipe.get("dtype") in ("float16", "bfloat16") and "out_dtype" not in recipe:
-        recipe["out_dtype"], recipe["dtype"] = recipe["dtype"], "float32"
     return recipe
