@@ -124,7 +124,10 @@ def repack(model):
     with torch.no_grad():
         model(input_ids=torch.tensor([[8, 9, 10]]))
     for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit) and not module.weight.quant_state.packing_format_for_cpu:
+        if not isinstance(module, bnb.nn.Linear4bit):
+            continue
+        # bitsandbytes 0.50.2 sets the flag only on a packed state (reading it otherwise raises AttributeError)
+        if not getattr(module.weight.quant_state, "packing_format_for_cpu", False):
             weight = module.weight
             weight.data, weight.quant_state = bnb.functional._convert_weight_packed_for_cpu(
                 weight.data, weight.quant_state
