@@ -10,6 +10,7 @@ from vllm_helpers import (
     MAX_GAP,
     assert_sampler_in_sync,
     float32_sampler,
+    short_answer_reward,
     step_logs,
     train_with_vllm,
 )
@@ -79,8 +80,8 @@ def test_a_stale_sampler_fails_the_gap_check(vllm_model_dir, tmp_path, patched, 
     [
         dict(advantage_estimator="sgrpo", correctness_reward_index=0),
         dict(loss_mode="ess"),
-        dict(loss_mode="drpo", correctness_reward_index=0),
-        dict(loss_mode="onpolicy_sft", correctness_reward_index=0),
+        dict(loss_mode="drpo", correctness_reward_index=0, reward_funcs=(short_answer_reward,)),
+        dict(loss_mode="onpolicy_sft", correctness_reward_index=0, reward_funcs=(short_answer_reward,)),
         dict(stability_guard=True),
     ],
     ids=["sgrpo", "ess", "drpo", "onpolicy_sft", "stability_guard"],

@@ -53,6 +53,12 @@ def digit_reward(completions, **kwargs):
     return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
 
+def short_answer_reward(completions, **kwargs):
+    """1 for a completion of at most 2 characters that ended (a cut one has all 6): DRPO and on-policy SFT learn only
+    from completions that ended, and this model ends about half of them."""
+    return [float(len(c) <= 2) for c in completions]
+
+
 def float32_sampler(monkeypatch):
     """vLLM-CPU loads a float32 checkpoint as bfloat16; float32 makes the sampler/trainer gap rounding-sized."""
     monkeypatch.setattr(trl_vllm, "LLM", functools.partial(trl_vllm.LLM, dtype="float32"))
