@@ -4,8 +4,8 @@ On a CPU, vLLM (0.32) repacks every unquantized linear layer's weight after load
 zentorch) handle from the weight and replaces `layer.weight` with an empty parameter that has no `weight_loader`.
 TRL's `vllm_mode="colocate"` pushes the trainer's weights into the sampler after every optimizer step with
 `model.load_weights(...)`, which needs `layer.weight.weight_loader`; it fails with `AttributeError: 'Parameter' object
-has no attribute 'weight_loader'`. Reloading through vLLM's own `reload_weights` does not help either: the packed
-handle keeps computing with the weights of the first load, so the sampler silently stays on the initial policy.
+has no attribute 'weight_loader'`. vLLM's own `reload_weights` is no way out: it reloads the checkpoint from disk, so
+the sampler stays on the initial policy.
 
 Which layers are repacked depends on the CPU and the dtype (on an AVX2 CPU without AVX512-BF16, bfloat16 falls back to
 `torch.nn.functional.linear` and keeps its weights; float32 goes through oneDNN and drops them).
@@ -14,11 +14,11 @@ Which layers are repacked depends on the CPU and the dtype (on an AVX2 CPU witho
 (`_cpu_skip_gemm_dispatch`): the layer keeps `layer.weight` with its `weight_loader` and computes with
 `torch.nn.functional.linear` on it. The LM head (vLLM keeps its weight, which is the embedding's when tied) is made to
 compute from that live weight too instead of from its packed copy. Every sync is then used by the next generation
-exactly. The cost is vLLM's packed
-GEMM speed on the CPU, which does not matter for the small models a CPU trains.
+exactly (without the LM-head part the sampler/trainer log-prob gap grows to nats within two steps). The cost is
+vLLM's packed GEMM speed on the CPU, which matters little for the small models a CPU trains.
 
-[`StableGRPOTrainer`] applies it when `use_vllm=True` and vLLM runs on a CPU; with TRL's own `GRPOTrainer`, call it
-before constructing the trainer.
+[`StableGRPOTrainer`] applies it when `use_vllm=True, vllm_mode="colocate"` and vLLM runs on a CPU; with TRL's own
+`GRPOTrainer`, call it before constructing the trainer.
 """
 
 from __future__ import annotations
