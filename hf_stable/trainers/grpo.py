@@ -19,6 +19,7 @@ import torch
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
+from .._vllm_cpu import maybe_keep_unpacked_linear_weights
 from ..callbacks.hypervolume import HypervolumeCallback
 from ..callbacks.snr_lr import LR_SCALING, SNRLearningRateCallback, tracked_parameters
 from ..callbacks.stability import add_stability_callbacks
@@ -105,6 +106,7 @@ class StableGRPOTrainer(
                 args.reward_weights = [*args.reward_weights, extra_reward.weight]
             elif extra_reward.weight != 1.0:
                 args.reward_weights = [1.0] * (len(reward_funcs) - 1) + [extra_reward.weight]
+        maybe_keep_unpacked_linear_weights(args)  # vLLM on a CPU: the weight sync must reach the sampler
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if extra_reward is not None:
             extra_reward.bind(self)
