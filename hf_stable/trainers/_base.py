@@ -28,6 +28,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..cards import CardSections, TrainingCard, method_sections, write_training_card
 from ..stability.nograd import repair_trl_fused_forwards
+from ..stability.signals import StabilitySignalsMixin
 from ._atomic import (
     STAGING_PREFIX,
     TRAINER_STATE,
@@ -347,3 +348,20 @@ class StableTrainerMixin:
             hub_model_id=self.hub_model_id if args.push_to_hub else None,
             dataset_name=dataset_name,
         )
+
+
+class StableTrainerBase(StabilitySignalsMixin, StableStateMixin, StableTrainerMixin, AdapterOptimizerMixin):
+    """The part every hf_stable trainer shares, first in its bases: ``class XTrainer(StableTrainerBase, <its own
+    mixins>, <TRL/transformers trainer>)``. Each piece overrides trainer methods and calls ``super()``:
+
+    - `StabilitySignalsMixin`: ``training_step``, ``_get_grad_norm`` (the loss and pre-clip norm of each step);
+    - `StableStateMixin`: ``train`` (resume), ``log``, ``_save_checkpoint``, ``save_model``, ``_get_output_dir``,
+      ``_push_from_checkpoint`` (the atomic checkpoint);
+    - `StableTrainerMixin`: ``_coerce_args``, ``create_model_card`` and the card's class attributes;
+    - `AdapterOptimizerMixin`: ``create_optimizer``, ``get_decay_parameter_names`` (MAP parameter groups).
+
+    The pieces share no method, so their order among themselves changes nothing; it is fixed here so that every
+    trainer resolves them alike. Being first, they wrap the trainer's own mixins: `OwnForwardMixin.train` (SFT) runs
+    inside `StableStateMixin.train`, so the saved state is loaded before the fused forward is attached (loading runs
+    no forward); the checkpoint is staged around everything the inner ``_save_checkpoint`` writes.
+    `tests/trainers/test_composition.py` keeps this: same first base everywhere, no piece listed again."""

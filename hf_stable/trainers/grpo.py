@@ -31,9 +31,8 @@ from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepCo
 from ..losses.reward_weighting import influence_scores
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
-from ..stability.signals import StabilitySignalsMixin
 from . import _grpo_buffer
-from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
+from ._base import StableTrainerBase
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
 from .loss_inputs import LossModeInputsMixin
 
@@ -57,14 +56,7 @@ _EXTRA_FORWARD_KEYS = (
 )
 
 
-class StableGRPOTrainer(
-    StabilitySignalsMixin,
-    StableStateMixin,
-    StableTrainerMixin,
-    AdapterOptimizerMixin,
-    LossModeInputsMixin,
-    GRPOTrainer,
-):
+class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
 

@@ -22,8 +22,7 @@ from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.sft import SFT_SAMPLE_REWEIGHTING, SFT_SEQUENCE_OBJECTIVES, sequence_mean
 from ..stability.nograd import OwnForwardMixin
-from ..stability.signals import StabilitySignalsMixin
-from ._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
+from ._base import StableTrainerBase
 from ._sft_data import INDEX_COLUMN, SIGN_COLUMN, ExtraColumnsCollator, SFTDataMixin
 from ._sft_probe import PROBE_FILE, ObjectiveProbeMixin
 from .sft_config import SFT_REGISTRIES, StableSFTConfig
@@ -38,16 +37,7 @@ def _accumulate(total: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor
     return value if total is None else total + value
 
 
-class StableSFTTrainer(
-    StabilitySignalsMixin,
-    OwnForwardMixin,
-    StableStateMixin,
-    StableTrainerMixin,
-    ObjectiveProbeMixin,
-    SFTDataMixin,
-    AdapterOptimizerMixin,
-    SFTTrainer,
-):
+class StableSFTTrainer(StableTrainerBase, OwnForwardMixin, ObjectiveProbeMixin, SFTDataMixin, SFTTrainer):
     """TRL's [`~trl.SFTTrainer`] with the objectives of [`StableSFTConfig`].
 
     Same arguments as `SFTTrainer`. Papers: Li et al., *Beyond Log Likelihood* (arXiv 2510.00526) for the probability

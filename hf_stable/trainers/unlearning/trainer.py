@@ -20,8 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 from ...callbacks.stability import add_stability_callbacks
 from ...callbacks.unlearning import unlearning_callbacks
 from ...losses import unlearning as L
-from ...stability.signals import StabilitySignalsMixin
-from .._base import AdapterOptimizerMixin, StableStateMixin, StableTrainerMixin
+from .._base import StableTrainerBase
 from .card import unlearning_card_sections
 from .checks import check_guard, refuse_backend, validate_data
 from .config import UnlearningConfig
@@ -36,15 +35,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "stable/unlearning/"
 
 
-class UnlearningTrainer(
-    StabilitySignalsMixin,
-    StableTrainerMixin,
-    StableStateMixin,
-    AdapterOptimizerMixin,
-    ReferenceMixin,
-    MultiGradMixin,
-    Trainer,
-):
+class UnlearningTrainer(StableTrainerBase, ReferenceMixin, MultiGradMixin, Trainer):
     """Unlearning on `transformers.Trainer`: the forget set is trained away, the retain set kept.
 
     Args:
