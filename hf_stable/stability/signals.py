@@ -95,7 +95,7 @@ def record_grad_norm(state, grad_norm, trainer=None) -> None:
 
 class StabilitySignalsMixin:
     """Mix into a `transformers.Trainer` subclass, before the parent trainer in the bases:
-    ``class StableSFTTrainer(StabilitySignalsMixin, ..., SFTTrainer)``. Costs two tensor additions per micro-batch."""
+    hf_stable's trainers get it through ``StableTrainerBase``. Costs two tensor additions per micro-batch."""
 
     def training_step(self, model, inputs, num_items_in_batch=None, *args, **kwargs):
         loss = super().training_step(model, inputs, num_items_in_batch, *args, **kwargs)
