@@ -9,4 +9,4 @@ from dataclasses import replace
 from .rl import Recipe
 
 
-CONTROL = replace(Recipe(), rl_lr=1e-4, rl_steps=2000)
+CONTROL = replace(Recipe(), rl_lr=2e-4, rl_steps=1700)
