@@ -209,6 +209,8 @@ def markdown(result: dict) -> str:
             f"| mean | {agg['warm_start_em']:.3f} | {agg['end_em']:.3f} | {v['mean']:+.3f} "
             f"[{v['ci_low']:+.3f}, {v['ci_high']:+.3f}] | {agg['cpu_min']['mean']:.1f} |",
             "",
+            interpretation(control_seeds(result["per_seed"]), v),
+            "",
         ]
     tuning = result["per_seed"].get(str(rl.TUNING_SEED))
     if tuning:
@@ -228,6 +230,19 @@ def markdown(result: dict) -> str:
                 f"{r['cpu_s'] / 60:.1f} |"
             )
     return "\n".join(lines)
+
+
+def interpretation(ctrl: dict, verdict: dict) -> str:
+    """Sentences generated from the measured numbers: the gain per seed next to how well the warm start fit its own
+    SFT rows (a rerun cannot leave a stale reading)."""
+    pairs = sorted((r["warm_start"]["sft_train_em"], r["heldout_em_start"], r["gain"], s) for s, r in ctrl.items())
+    listed = "; ".join(f"seed {s}: SFT rows {fit:.2f}, held-out {em:.2f}, gain {g:+.3f}" for fit, em, g, s in pairs)
+    text = f"By how well each warm start fit its own SFT rows: {listed}."
+    if not verdict["passed"]:
+        text += (
+            " The control FAILS: on these warm starts this testbed cannot show a method's effect on held-out accuracy."
+        )
+    return text
 
 
 EXPERIMENT = Experiment(
