@@ -247,7 +247,7 @@ def grpo(ctx) -> dict:
             # the guard with the trainer's GRPO defaults (gradient-norm spikes only: a GRPO loss carries no spike
             # information); the degenerate-run warnings are on by default
             stability_guard=True,
-            stability_guard_kwargs={"min_history": max(2, s.grpo_steps // 3)},
+            stability_guard_kwargs={"min_history": min(128, max(2, s.grpo_steps // 3))},  # the guard allows <= 128
             **COMMON,
         )
         curve = HeldOut()
