@@ -65,6 +65,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/sft_capability_continuum.py
 	$(BIN)/python experiments/redi_alpha.py
 	$(BIN)/python experiments/grpo_toy_bandits.py
+	$(BIN)/python experiments/grpo_rl_control.py
 	$(BIN)/python experiments/grpo_reward_noise.py
 	$(BIN)/python experiments/grpo_length.py
 	$(BIN)/python experiments/grpo_multi_objective.py

@@ -160,14 +160,26 @@ def library_sources() -> list[Path]:
     return [f for f in files if not f.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST)]
 
 
+TESTBEDS = ROOT / "testbeds"
+
+
+def testbed_sources(script: str) -> list[Path]:
+    """The shared testbeds' sources (`experiments/testbeds/`) when `script` imports them, else none (so a testbed
+    change leaves the results of scripts that do not use it fresh)."""
+    path = Path(script)
+    uses = path.is_file() and re.search(r"^\s*(from|import)\s+testbeds\b", path.read_text(), re.MULTILINE)
+    return sorted(TESTBEDS.rglob("*.py")) if uses else []
+
+
 def _sources_digest(script: str) -> str:
-    """Digest of the code a per-seed record depends on: the script and the `hf_stable` library sources.
+    """Digest of the code a per-seed record depends on: the script, the testbeds it imports and the `hf_stable`
+    library sources.
 
     This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
     throw away hours of cached seeds.
     """
     h = hashlib.sha1()
-    files = [Path(script), *library_sources()]
+    files = [Path(script), *testbed_sources(script), *library_sources()]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())

@@ -1,8 +1,12 @@
 """`hf-stable demo` (what `make demo` runs): the workflow end to end on the bundled tiny model, offline, on a CPU.
 
-1. ``sft``: SFT from a random init on 2-digit addition with NLL and with "-p" (Li et al., arXiv 2510.00526).
-2. ``grpo``: `StableGRPOTrainer` with LoRA from the SFT (NLL) model: TRL's default advantages vs S-GRPO
-   (arXiv 2508.05928) vs MaxRL, with the stability guard and the degenerate-run warnings attached; reward curves.
+1. ``sft``: SFT from a random init on 2-digit addition (800 distinct problems) with NLL and with "-p" (Li et al.,
+   arXiv 2510.00526).
+2. ``grpo``: `StableGRPOTrainer` (full fine-tuning) from the SFT (NLL) model on fresh problems: TRL's default
+   advantages vs S-GRPO (arXiv 2508.05928) vs MaxRL, with the stability guard and the degenerate-run warnings
+   attached; reward and held-out curves. The recipe of the experiments' RL testbed (`experiments/testbeds/rl.py`).
+
+Every stage's held-out exact match is measured on problems that no training row of any stage contains.
 3. ``merge``: WSM (arXiv 2507.17634) over the S-GRPO checkpoints and a Fisher–Rao merge (arXiv 2603.04972) of the
    S-GRPO and MaxRL models; held-out exact match of every input and merge; the merged folder reloaded with
    `AutoModelForCausalLM.from_pretrained` and used to generate.
@@ -24,7 +28,7 @@ import time
 STAGE_NAMES = ("sft", "grpo", "merge", "unlearn", "stability", "push")
 TITLES = {
     "sft": "SFT from a random init on 2-digit addition: NLL vs -p",
-    "grpo": "GRPO with LoRA from the SFT model: TRL default vs S-GRPO vs MaxRL (guard + degenerate-run warnings on)",
+    "grpo": "GRPO from the SFT model on fresh problems: TRL default vs S-GRPO vs MaxRL (guard, degenerate-run checks)",
     "merge": "merging: WSM over the S-GRPO checkpoints, Fisher-Rao of S-GRPO and MaxRL; reload and generate",
     "unlearn": "unlearning: SimNPO on TinyTOFU (forget 20 fictitious authors)",
     "stability": "stability: an injected LR spike, guard off vs on (and a clean run)",
@@ -55,12 +59,18 @@ class _Context:
     """What the stages share: sizes, the held-out set, the output folder, and the artifacts of earlier stages."""
 
     def __init__(self, output_dir: str, quick: bool):
-        from ..testing import arithmetic_dataset
+        from ..testing import arithmetic_splits
         from .demo_stages import FULL, QUICK
 
         self.output_dir, self.quick = output_dir, quick
         self.sizes = QUICK if quick else FULL
-        self.test = arithmetic_dataset(self.sizes.test_rows, seed=1234)  # held out: another seed than any training
+        # Held out: problems no training row of any stage contains. The SFT rows are few distinct problems (a model
+        # trained long on them generalises partway, which RL can improve); GRPO and the stability run draw fresh
+        # problems from the rest.
+        self.test = arithmetic_splits({"test": self.sizes.test_rows}, seed=1234)["test"]
+        sizes = {"sft": self.sizes.sft_problems, "fresh": None}
+        splits = arithmetic_splits(sizes, seed=0, exclude=self.test["prompt"])
+        self.sft_rows, self.fresh_rows = splits["sft"], splits["fresh"]
         self.repo_id = DEMO_REPO
 
     def path(self, *parts: str) -> str:

@@ -12,6 +12,7 @@ from .tasks import (
     arithmetic_dataset,
     arithmetic_preference_dataset,
     arithmetic_reward,
+    arithmetic_splits,
     evaluate_completions,
 )
 from .tiny import CHAT_TEMPLATE, build_tiny_model, build_tiny_tokenizer
@@ -22,6 +23,7 @@ __all__ = [
     "arithmetic_dataset",
     "arithmetic_preference_dataset",
     "arithmetic_reward",
+    "arithmetic_splits",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "evaluate_completions",

@@ -6,7 +6,7 @@ Every dataset is seeded and built in memory; nothing downloads.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -70,6 +70,54 @@ def arithmetic_dataset(
     else:
         data = [{"prompt": q, "completion": a, "answer": a} for q, a in rows]
     return Dataset.from_list(data)
+
+
+def arithmetic_splits(
+    sizes: Mapping[str, int | None], seed: int = 0, *, max_operand: int = 99, exclude: Iterable[str] = ()
+) -> dict:
+    """Pairwise disjoint sets of distinct addition problems (``"12+34="`` → ``"46"``), one `datasets.Dataset` each.
+
+    Where [`arithmetic_dataset`] samples rows with replacement (so two of its datasets share problems), every problem
+    here appears at most once across all splits: a held-out split shares no prompt with any training split.
+
+    Args:
+        sizes (`Mapping[str, int | None]`): split name → number of problems, in order; at most one `None`, which takes
+            every problem the others and `exclude` leave.
+        seed (`int`, defaults to `0`): seed of the shuffle that deals the problems out.
+        max_operand (`int`, defaults to `99`): operands are `0..max_operand`, so there are `(max_operand + 1) ** 2`
+            problems in all (`a+b` and `b+a` are different prompts).
+        exclude (`Iterable[str]`, defaults to `()`): prompts (e.g. another split's ``prompt`` column) no split may
+            contain.
+
+    Returns:
+        `dict` name → `Dataset` with columns ``prompt``, ``completion`` and ``answer``.
+
+    Raises:
+        ValueError: a negative size, more than one `None`, or more problems asked for than there are.
+    """
+    from datasets import Dataset
+
+    if max_operand < 0:
+        raise ValueError(f"max_operand must be >= 0, got {max_operand}.")
+    if any(v is not None and v < 0 for v in sizes.values()) or sum(v is None for v in sizes.values()) > 1:
+        raise ValueError(f"sizes must be counts >= 0 with at most one None (the rest), got {dict(sizes)}.")
+    excluded = set(exclude)
+    problems = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1) if f"{a}+{b}=" not in excluded]
+    wanted = sum(v for v in sizes.values() if v is not None)
+    if wanted > len(problems):
+        raise ValueError(
+            f"sizes ask for {wanted} problems; operands 0..{max_operand} leave {len(problems)} after `exclude`."
+        )
+    random.Random(seed).shuffle(problems)
+    counts = {name: len(problems) - wanted if n is None else n for name, n in sizes.items()}
+    splits, start = {}, 0
+    for name, n in counts.items():
+        chunk = problems[start : start + n]
+        start += n
+        splits[name] = Dataset.from_list(
+            [{"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)} for a, b in chunk]
+        )
+    return splits
 
 
 def _corrupt(answer: str, rng: random.Random) -> str:

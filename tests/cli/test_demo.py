@@ -31,6 +31,40 @@ def test_bad_stage_and_missing_input_stage(tmp_path, capsys):
     assert "written by the 'sft' stage" in err and "--stages sft" in err
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_heldout_set_is_disjoint_from_every_training_row(tmp_path, quick):
+    """Every stage scores held-out problems that no training row contains: the SFT rows, GRPO's prompts and the
+    stability run's rows all come from the problems left after the held-out ones."""
+    from hf_stable.cli.demo import _Context
+
+    ctx = _Context(str(tmp_path), quick)
+    test = set(ctx.test["prompt"])
+    assert len(test) == ctx.sizes.test_rows and len(ctx.sft_rows) == ctx.sizes.sft_problems
+    assert not test & set(ctx.sft_rows["prompt"]) and not test & set(ctx.fresh_rows["prompt"])
+    assert not set(ctx.sft_rows["prompt"]) & set(ctx.fresh_rows["prompt"])  # GRPO's prompts are fresh
+    assert len(ctx.fresh_rows) >= ctx.sizes.grpo_steps * ctx.sizes.grpo_batch // 8 + 8 * ctx.sizes.guard_steps
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured at these sizes: held-out EM 0.257 -> 0.223 / 0.197 / 0.177 (TRL default / S-GRPO / MaxRL). "
+    "The SFT start fits its own rows only partly; on the RL testbed GRPO gained only from the warm start that fit "
+    "them (experiments/results/grpo_rl_control.md). Strict: passing means the demo now shows the gain; drop the mark.",
+)
+def test_demo_grpo_stage_raises_heldout_exact_match(tmp_path):
+    """At the demo's full sizes (what `make demo` runs), every GRPO variant ends above its SFT start on the held-out
+    problems: the RL testbed's recipe (experiments/testbeds/rl.py) at the demo's step count."""
+    from hf_stable.cli.demo import run_demo
+
+    results = run_demo(str(tmp_path / "demo_output"), quick=False, stages="sft,grpo")
+    grpo = results["stages"]["grpo"]
+    for name, run in grpo["runs"].items():
+        assert run["gain"] == pytest.approx(run["exact_match"] - grpo["exact_match_sft"], abs=1e-4)
+        assert run["heldout_curve"][0] == [0, grpo["exact_match_sft"]]
+        assert run["gain"] > 0, (name, run["heldout_curve"])
+
+
 @pytest.mark.slow
 def test_demo_all_stages_quick(tmp_path):
     out = tmp_path / "demo_output"
@@ -57,6 +91,9 @@ def test_demo_all_stages_quick(tmp_path):
     assert set(sft["runs"]) == {"nll", "-p"} and all(0 <= r["exact_match"] <= 1 for r in sft["runs"].values())
     grpo = stages["grpo"]
     assert {r["advantage_estimator"] for r in grpo["runs"].values()} == {"grpo", "sgrpo", "maxrl"}
+    for run in grpo["runs"].values():  # the gain over the SFT start, and the held-out curve at every checkpoint
+        assert run["gain"] == pytest.approx(run["exact_match"] - grpo["exact_match_sft"], abs=1e-4)
+        assert [p[0] for p in run["heldout_curve"]] == [0, *range(2, grpo["steps"] + 1, 2)]
     merge = stages["merge"]["exact_match"]
     assert {"s-grpo", "maxrl", "merge wsm", "merge fisher-rao"} <= set(merge) and stages["merge"]["wsm_inputs"] >= 2
     unlearning = stages["unlearn"]
@@ -94,7 +131,6 @@ def test_demo_all_stages_quick(tmp_path):
 
 
 def _test_rows():
-    from hf_stable.cli.demo_stages import QUICK
-    from hf_stable.testing import arithmetic_dataset
+    from hf_stable.cli.demo import _Context
 
-    return arithmetic_dataset(QUICK.test_rows, seed=1234)
+    return _Context("unused", quick=True).test
