@@ -247,7 +247,7 @@ def grpo(ctx) -> dict:
             # the guard with the trainer's GRPO defaults (gradient-norm spikes only: a GRPO loss carries no spike
             # information); the degenerate-run warnings are on by default
             stability_guard=True,
-            stability_guard_kwargs={"min_history": min(128, max(2, s.grpo_steps // 3))},  # the guard allows <= 128
+            guard_min_history=min(128, max(2, s.grpo_steps // 3)),  # the guard allows <= 128 (its window)
             **COMMON,
         )
         curve = HeldOut()
@@ -461,6 +461,7 @@ def stability(ctx) -> dict:
     fresh = ctx.fresh_rows  # rows GRPO did not use, none of them held out
     train = fresh.select(range(len(fresh) - min(len(fresh), 8 * s.guard_steps), len(fresh)))
     runs, curves = {}, {}
+    guard_options = {"guard_snapshot_every": 10, "guard_min_history": min(20, s.spike_step - 5)}
     for name in ("clean", "unguarded", "guarded"):  # clean: no fault, the reference both should reach
         out = ctx.path("stability", name)
         args = StableSFTConfig(
@@ -474,9 +475,7 @@ def stability(ctx) -> dict:
             max_length=32,
             save_strategy="no",
             stability_guard=name == "guarded",
-            stability_guard_kwargs={"snapshot_every": 10, "min_history": min(20, s.spike_step - 5)}
-            if name == "guarded"
-            else None,
+            **(guard_options if name == "guarded" else {}),
             **COMMON,
         )
         trainer = _quiet(
