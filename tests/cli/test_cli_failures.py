@@ -159,7 +159,8 @@ print(json.dumps(results))
 
 def _selected_cases(request) -> list[str]:
     """The PRE_LAUNCH ids of the tests this session runs (so `-k` runs only those through the driver)."""
-    ids = [getattr(item, "callspec", None) for item in request.session.items]
+    # only this module's items: other test files parametrize a `case` of their own
+    ids = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
     cases = {spec.params["case"] for spec in ids if spec is not None and "case" in spec.params}
     return sorted(case for case in cases if not _skip_reason(case))
 
