@@ -301,3 +301,27 @@ def test_ctrl_c_during_grpo_then_resume_true(work):
     assert state["global_step"] == step + 1
     # one step was trained, from the checkpoint: the earlier checkpoints were not written again
     assert os.path.getmtime(out / "checkpoint-1" / "trainer_state.json") == first
+
+
+@pytest.mark.slow
+def test_full_disk_at_the_final_save_is_one_line_and_leaves_nothing(work):
+    """The disk fills while `hf-stable sft` saves the trained model: a file-size limit (`RLIMIT_FSIZE`, with SIGXFSZ
+    ignored so that the write fails with EFBIG instead of killing the process) below the weights' size (about 320 kB)
+    and above everything the run writes before. Before atomic saves this printed tracebacks and left `config.json`
+    without weights in the output folder."""
+    import resource
+
+    out = work / "out-full-disk"
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    result = subprocess.run(
+        [_console_script(), "sft", "--config", str(work / "sft.yaml"), "--output_dir", str(out)],
+        capture_output=True, text=True, env=_env(), timeout=900, preexec_fn=small_disk,
+    )  # fmt: skip
+    line = _one_line(result.stderr)
+    assert result.returncode == 1
+    assert "could not save to" in line and str(out) in line and "File too large" in line
+    assert not any(p.name in ("config.json", "model.safetensors") for p in out.rglob("*")) if out.exists() else True
