@@ -7,9 +7,9 @@ import math
 import os
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ...stability.guard import Decision
+from .._checkpoint_files import CheckpointFiles
 from ._common import _PROBE_SETS, _prompt_completion_batch, _world_size, logger
 
 
@@ -33,29 +33,14 @@ def saved_index(folder: str) -> dict | None:
         return json.load(f)
 
 
-class _GuardCheckpoint:
-    """The snapshots travel with each checkpoint."""
+class _GuardCheckpoint(CheckpointFiles):
+    """The snapshots travel with each checkpoint: written into the staged folder of the hf_stable trainers' atomic save
+    (``on_save`` under another trainer; see `CheckpointFiles`)."""
 
-    _saved_into: tuple[str, int] | None = None  # (folder, step) of the last save_to_checkpoint
-
-    def save_to_checkpoint(self, folder: str, state) -> None:
-        """Write the held snapshots under ``folder`` (a checkpoint being written: a trainer that saves atomically
-        calls this before its final rename; otherwise ``on_save`` does, after transformers wrote the checkpoint)."""
+    def _write_checkpoint_files(self, folder: str, args, state) -> None:
         if self._backend == "deepspeed" or not self.policy.uses_snapshots or not state.is_world_process_zero:
             return
         save_snapshots(self.store, os.path.join(folder, SNAPSHOT_DIR, self.name))
-        self._saved_into = (folder, state.global_step)
-
-    def write_checkpoint_state(self, folder: str, args, state) -> None:
-        """The hf_stable trainers' atomic save calls this with the staged checkpoint folder, so the snapshots are part
-        of the checkpoint before it gets its final name."""
-        self.save_to_checkpoint(folder, state)
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        already = self._saved_into is not None and self._saved_into[1] == state.global_step
-        if os.path.isdir(folder) and not already:
-            self.save_to_checkpoint(folder, state)
 
 
 def report(decision: Decision, state) -> None:
