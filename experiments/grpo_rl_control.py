@@ -19,7 +19,11 @@ Design (pre-registered here before the control seeds ran).
 * Warm start (`rl_recipe.CONTROL`): 2,400 SFT steps, fixed before this design was rerun: at 1,200 steps two of
   three control seeds fit only half of their own SFT rows and did not improve under GRPO (the earlier result, +0.054,
   95% CI -0.270 to +0.379); 2,400 steps were probed on seeds 0 and 1 only for that fit (0.90-1.00 on their SFT rows,
-  held-out 0.17-0.30), with no GRPO run, before the tuning seed ran.
+  held-out 0.17-0.30), with no GRPO run, before the tuning seed ran. That design failed (+0.023, 95% CI -0.085 to
+  +0.130): warm starts that memorised their 800 rows (held-out 0.17-0.30) or sat at the ceiling (0.93) did not gain,
+  those in between (0.5-0.7) did. The warm start now draws 1,600 SFT problems (probed on the warm start alone:
+  held-out 0.58 and 0.60 on seeds 1 and 3; 2,000 problems gave 0.67-0.91), and the tuning seed was rerun on it
+  under the same rule and grid before any control seed.
 * Effect: held-out EM after RL − the warm start's, per seed; mean and 95% Student-t interval over the control seeds.
 
 Pass criteria (pre-registered):
