@@ -15,9 +15,9 @@ from ._quiet import _DropMessage
 
 
 # The RL testbed's recipe (experiments/testbeds/rl.py): full fine-tuning, G = 8, temperature 1, fresh prompts. The
-# testbed's control runs LR 2e-4 for 2000 steps (its recipe in rl_recipe.py), more than the demo's budget allows; on
-# the first tuning seed (1,200 SFT steps) LR 1e-4 was above the warm start from step 300 on (+0.01 to +0.07) while 2e-4
-# stayed below it until step 1200, so the demo runs 1e-4 for 800 steps.
+# testbed's control recipe (rl_recipe.py) runs longer than the demo's budget allows; on the testbed's first tuning
+# seed (1,200 SFT steps) LR 1e-4 was above the warm start from step 300 on (+0.01 to +0.07) while 2e-4 stayed below it
+# until step 1200, so the demo runs 1e-4 for 800 steps.
 GRPO_STEPS_FULL = 800
 
 
