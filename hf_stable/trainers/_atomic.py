@@ -13,6 +13,7 @@ writers that a kill left without weights or trainer state.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -95,6 +96,25 @@ def publish_files(staged: str, final: str) -> None:
 
 
 _IO_FAILURE = re.compile(r"I/O error|os error \d+|PytorchStreamWriter|inline_container|file write failed|No space")
+
+
+@contextlib.contextmanager
+def staging(folder: str, made: str, final: str, writer: bool):
+    """Write inside ``folder``: a leftover of an earlier, unfinished save is removed and ``made`` (``folder`` or a
+    folder inside it) created by the writing process; when the body fails, ``folder`` is removed and an I/O failure
+    is raised again as an `OSError` naming ``final`` ([`save_error`])."""
+    try:
+        if writer:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.makedirs(made)
+        yield
+    except BaseException as e:
+        if writer:
+            shutil.rmtree(folder, ignore_errors=True)
+        error = save_error(e, final) if isinstance(e, Exception) else None
+        if error is not None:
+            raise error from e
+        raise
 
 
 def save_error(exc: BaseException, folder: str) -> OSError | None:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,7 +34,7 @@ from ._atomic import (
     last_complete_checkpoint,
     publish_files,
     publish_folder,
-    save_error,
+    staging,
 )
 from ._refusals import refuse_unrunnable
 
@@ -126,36 +125,27 @@ class StableStateMixin:
         run_dir = super()._get_output_dir(trial)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         final = os.path.join(run_dir, name)
-        staging = os.path.join(run_dir, STAGING_PREFIX + name)
-        staged = os.path.join(staging, name)
+        staging_dir = os.path.join(run_dir, STAGING_PREFIX + name)
+        staged = os.path.join(staging_dir, name)
         try:
-            if self.args.should_save:
-                shutil.rmtree(staging, ignore_errors=True)  # a save of this step an earlier process left unfinished
-                os.makedirs(staged)
-            self.accelerator.wait_for_everyone()
-            self._staging, self._deferred_push = staging, None
-            super()._save_checkpoint(model, trial)
-            if self.state.best_model_checkpoint == staged:  # the parent found the best one under its staging name
-                self.state.best_model_checkpoint = final
+            with staging(staging_dir, staged, final, self.args.should_save):
+                self.accelerator.wait_for_everyone()
+                self._staging, self._deferred_push = staging_dir, None
+                super()._save_checkpoint(model, trial)
+                if self.state.best_model_checkpoint == staged:  # the parent found the best one under its staging name
+                    self.state.best_model_checkpoint = final
+                    if self.args.should_save:
+                        self.state.save_to_json(os.path.join(staged, TRAINER_STATE))
+                for callback in self.callback_handler.callbacks:  # state a callback keeps beside the checkpoint
+                    write = getattr(callback, "write_checkpoint_state", None)
+                    if write is not None:
+                        write(staged, self.args, self.state)
                 if self.args.should_save:
-                    self.state.save_to_json(os.path.join(staged, TRAINER_STATE))
-            for callback in self.callback_handler.callbacks:  # state a callback keeps beside the checkpoint
-                write = getattr(callback, "write_checkpoint_state", None)
-                if write is not None:
-                    write(staged, self.args, self.state)
-            if self.args.should_save:
-                save_stable_state(staged, *self._stable_state())
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save and os.path.isdir(staged):  # absent: a node sharing the filesystem renamed it
-                publish_folder(staged, final)
-                os.rmdir(staging)
-        except BaseException as e:
-            if self.args.should_save:
-                shutil.rmtree(staging, ignore_errors=True)
-            error = save_error(e, final) if isinstance(e, Exception) else None
-            if error is not None:
-                raise error from e
-            raise
+                    save_stable_state(staged, *self._stable_state())
+                self.accelerator.wait_for_everyone()
+                if self.args.should_save and os.path.isdir(staged):  # absent: a node sharing the filesystem renamed it
+                    publish_folder(staged, final)
+                    os.rmdir(staging_dir)
         finally:
             self._staging = None
         self.accelerator.wait_for_everyone()
@@ -179,22 +169,12 @@ class StableStateMixin:
             return super().save_model(output_dir, _internal_call)
         final = output_dir if output_dir is not None else self.args.output_dir
         staged = os.path.join(final, STAGING_PREFIX + "save_model")
-        try:
-            if self.args.should_save:
-                shutil.rmtree(staged, ignore_errors=True)
-                os.makedirs(staged)
+        with staging(staged, staged, final, self.args.should_save):
             self.accelerator.wait_for_everyone()
             super().save_model(staged, _internal_call=True)
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 publish_files(staged, final)
-        except BaseException as e:
-            if self.args.should_save:
-                shutil.rmtree(staged, ignore_errors=True)
-            error = save_error(e, final) if isinstance(e, Exception) else None
-            if error is not None:
-                raise error from e
-            raise
         self.accelerator.wait_for_everyone()
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
