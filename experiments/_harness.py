@@ -388,6 +388,8 @@ def stale_results(results: Path = RESULTS) -> dict[str, str]:
     "stale" (the code changed since it ran) or "no digest" (written before results recorded one)."""
     status = {}
     for path in sorted(results.glob("*.json")):
+        if path.stem == "index":  # experiments/evidence.py's summary of the results, not a result
+            continue
         result = json.loads(path.read_text())
         script = re.search(r"experiments/\w+\.py", result.get("command", ""))
         if "code_digest" not in result or script is None:

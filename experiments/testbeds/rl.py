@@ -46,6 +46,7 @@ class Recipe:
     """Every setting of the testbed; the warm start's cache key is made of the `sft_*` fields and `hidden_size`."""
 
     sft_problems: int = 800
+    sft_carry_error: float = 0.0  # share of the SFT rows with a carry whose demonstration drops it (a+b-10)
     sft_steps: int = 1200
     sft_batch: int = 64
     sft_lr: float = 3e-3
@@ -77,10 +78,12 @@ def heldout():
 
 def seed_data(seed: int, recipe: Recipe) -> dict:
     """``heldout``, and the seed's ``sft`` rows and ``rl`` prompt pool: three pairwise disjoint sets of problems."""
-    from hf_stable.testing import arithmetic_splits
+    from hf_stable.testing import arithmetic_splits, with_carry_errors
 
     test = heldout()
     train = arithmetic_splits({"sft": recipe.sft_problems, "rl": None}, seed=seed, exclude=test["prompt"])
+    if recipe.sft_carry_error:
+        train["sft"] = with_carry_errors(train["sft"], recipe.sft_carry_error, seed)
     return {"heldout": test, **train}
 
 
@@ -199,10 +202,10 @@ def warm_start(seed: int, recipe: Recipe, data: dict | None = None) -> tuple[Pat
 
 def grpo_config(output_dir: str, seed: int, recipe: Recipe, **overrides):
     """`StableGRPOConfig` at its defaults (TRL's loss and advantages) with the testbed's sizes; `overrides` (e.g. an
-    advantage estimator, for a method's experiment) are passed through."""
+    advantage estimator, for a method's experiment) replace or add fields."""
     from hf_stable import StableGRPOConfig
 
-    return StableGRPOConfig(
+    settings = dict(
         output_dir=output_dir,
         seed=seed,
         learning_rate=recipe.rl_lr,
@@ -221,8 +224,8 @@ def grpo_config(output_dir: str, seed: int, recipe: Recipe, **overrides):
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        **overrides,
     )
+    return StableGRPOConfig(**{**settings, **overrides})
 
 
 def _heldout_callback(tokenizer, test, every: int):
@@ -251,19 +254,94 @@ def _heldout_callback(tokenizer, test, every: int):
     return HeldoutEM()
 
 
-def run_grpo(seed: int, recipe: Recipe, flip: float = 0.0, label: str = "grpo", use_cache: bool = True) -> dict:
+NOISE = ("none", "iid", "one_per_group")
+
+
+def make_reward(seed: int, recipe: Recipe, noise: str = "none", flip: float = 0.0, reward: str = "exact"):
+    """The run's reward function, named `REWARD_NAME` so every run logs the same columns.
+
+    `reward`: ``"exact"`` (the verifier) or ``"majority_vote"`` (TTRL's label-free reward: agreement with the group's
+    most common answer; the verifier's score is then logged as ``<name>/clean``). `noise`: ``"iid"`` flips every
+    reward independently with probability `flip`; ``"one_per_group"`` flips exactly one uniformly chosen completion
+    of every group of `num_generations` (marginal rate 1/G: a group whose success pattern one flip explains carries
+    no signal). Flips come from private RNGs seeded by the run seed; the clean reward is logged as ``<name>/clean``.
+    """
+    from hf_stable.rewards.noise import noisy_reward
+    from hf_stable.testing import arithmetic_reward
+
+    if noise not in NOISE or reward not in ("exact", "majority_vote"):
+        raise ValueError(f"noise must be in {NOISE} and reward 'exact' or 'majority_vote', got {noise!r}, {reward!r}")
+    if reward == "majority_vote":
+        return _majority(arithmetic_reward, recipe.num_generations)
+    if noise == "one_per_group":
+        return _one_flip_per_group(arithmetic_reward, recipe.num_generations, seed)
+    return noisy_reward(arithmetic_reward, flip if noise == "iid" else 0.0, seed=seed, name=REWARD_NAME)
+
+
+def _one_flip_per_group(fn, group: int, seed: int):
+    import random
+
+    from hf_stable.rewards.noise import noisy_reward
+
+    logged, rng = noisy_reward(fn, 0.0, seed=seed, name=REWARD_NAME), random.Random(seed)
+
+    def wrapped(*args, **kwargs):
+        rewards = list(logged(*args, **kwargs))
+        if len(rewards) % group:  # TRL scores each prompt's G completions consecutively; anything else breaks groups
+            raise RuntimeError(f"{len(rewards)} rewards do not split into groups of {group}")
+        for start in range(0, len(rewards), group):
+            i = start + rng.randrange(group)
+            if rewards[i] is not None:
+                rewards[i] = 1.0 - rewards[i]
+        return rewards
+
+    wrapped.__name__ = REWARD_NAME
+    return wrapped
+
+
+def _majority(verifier, group: int):
+    from hf_stable.rewards.majority import majority_vote_reward
+
+    def wrapped(prompts, completions, **kwargs):
+        clean = verifier(prompts=prompts, completions=completions, **kwargs)
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            log_metric(f"{REWARD_NAME}/clean", sum(clean) / len(clean))
+        return majority_vote_reward(completions, num_generations=group)
+
+    wrapped.__name__ = REWARD_NAME
+    return wrapped
+
+
+def run_grpo(
+    seed: int,
+    recipe: Recipe,
+    flip: float = 0.0,
+    label: str = "grpo",
+    use_cache: bool = True,
+    *,
+    noise: str | None = None,
+    reward: str = "exact",
+    overrides: dict | None = None,
+) -> dict:
     """One GRPO run from the seed's warm start: held-out EM curve, reward curve, gain, wall and CPU seconds.
 
-    `flip`: each reward is flipped (1 <-> 0) independently with this probability (`hf_stable.rewards.noise`, seeded
-    by the run seed); the clean reward is then logged too. The record is cached under `experiments/cache/testbeds/rl/`
-    keyed by the recipe, `flip`, the seed and the code digest, so every script on the testbed shares finished runs.
+    `flip` with `noise` (``"iid"`` when only `flip` is given) and `reward`: see `make_reward`. `overrides`: more
+    `StableGRPOConfig` fields (a method's flag). The record is cached under `experiments/cache/testbeds/rl/` keyed by
+    the recipe, the reward spec, the overrides, the seed and the code digest, so every script on the testbed shares
+    finished runs.
     """
-    key = json.dumps({**asdict(recipe), "flip": flip, "seed": seed, "code": code_digest()}, sort_keys=True)
+    noise = noise or ("iid" if flip else "none")
+    overrides = dict(overrides or {})
+    spec = {"flip": flip}
+    if noise not in ("none", "iid") or reward != "exact" or overrides:  # keeps the keys of runs made before these
+        spec.update(noise=noise, reward=reward, overrides=overrides)
+    key = json.dumps({**asdict(recipe), **spec, "seed": seed, "code": code_digest()}, sort_keys=True)
     path = CACHE / "runs" / f"seed{seed}_{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
     if use_cache and path.exists():
         record = json.loads(path.read_text())
     else:
-        record = _run_grpo(seed, recipe, flip)
+        record = _run_grpo(seed, recipe, make_reward(seed, recipe, noise, flip, reward), overrides)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".tmp").write_text(json.dumps(record))
         path.with_suffix(".tmp").rename(path)
@@ -276,24 +354,21 @@ def run_grpo(seed: int, recipe: Recipe, flip: float = 0.0, label: str = "grpo", 
     return record
 
 
-def _run_grpo(seed: int, recipe: Recipe, flip: float) -> dict:
+def _run_grpo(seed: int, recipe: Recipe, reward, overrides: dict) -> dict:
     from transformers import PrinterCallback
 
     from hf_stable import StableGRPOTrainer
-    from hf_stable.rewards.noise import noisy_reward
-    from hf_stable.testing import arithmetic_reward
 
     data = seed_data(seed, recipe)
     path, warm = warm_start(seed, recipe, data)
     wall, cpu = time.time(), time.process_time()
     model, tokenizer = load(path)
     callback = _heldout_callback(tokenizer, data["heldout"], recipe.eval_every)
-    reward = noisy_reward(arithmetic_reward, flip, seed=seed, name=REWARD_NAME) if flip else arithmetic_reward
     with tempfile.TemporaryDirectory() as tmp:
         trainer = StableGRPOTrainer(
             model=model,
             reward_funcs=[reward],
-            args=grpo_config(tmp, seed, recipe),
+            args=grpo_config(tmp, seed, recipe, **overrides),
             train_dataset=rl_prompts(data, seed, recipe),
             processing_class=tokenizer,
             callbacks=[callback],

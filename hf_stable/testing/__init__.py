@@ -14,6 +14,7 @@ from .tasks import (
     arithmetic_reward,
     arithmetic_splits,
     evaluate_completions,
+    with_carry_errors,
 )
 from .tiny import CHAT_TEMPLATE, build_tiny_model, build_tiny_tokenizer
 
@@ -28,4 +29,5 @@ __all__ = [
     "build_tiny_tokenizer",
     "evaluate_completions",
     "smollm2_folder",
+    "with_carry_errors",
 ]

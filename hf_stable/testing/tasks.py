@@ -120,6 +120,34 @@ def arithmetic_splits(
     return splits
 
 
+def with_carry_errors(rows, share: float, seed: int = 0):
+    """Addition rows as an imperfect demonstrator writes them: each row whose ones digits carry gets, with
+    probability `share`, the completion ``a+b-10`` (the carry dropped).
+
+    A model fine-tuned on them prefers a consistently wrong rule that a verifier's reward can correct, the setting
+    RL with verifiable rewards is for. The ``answer`` column (what verifiers and exact match read) stays the true sum.
+
+    Args:
+        rows (`Dataset`): ``prompt`` ``"a+b="``, ``completion`` and ``answer`` (e.g. from [`arithmetic_splits`]).
+        share (`float` in [0, 1]): probability that a row with a carry shows the error.
+        seed (`int`, defaults to `0`): seed of the choice; the same seed picks the same rows.
+
+    Returns:
+        `Dataset` with the same rows and columns.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be in [0, 1], got {share}.")
+    rng = random.Random(f"carry-error-{seed}")
+
+    def corrupt(row):
+        a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
+        if a % 10 + b % 10 >= 10 and rng.random() < share:
+            return {**row, "completion": str(a + b - 10)}
+        return row
+
+    return rows.map(corrupt, load_from_cache_file=False)
+
+
 def _corrupt(answer: str, rng: random.Random) -> str:
     """A wrong answer of similar form: one digit changed (or a digit appended to a one-digit answer)."""
     digits = list(answer)

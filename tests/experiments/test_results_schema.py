@@ -14,7 +14,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 import _harness  # noqa: E402
 
 
-RESULT_FILES = sorted((EXPERIMENTS / "results").glob("*.json"))
+RESULT_FILES = sorted(p for p in (EXPERIMENTS / "results").glob("*.json") if p.stem != "index")  # index: evidence.py
 
 
 def toy_experiment(calls: list, script: str) -> "_harness.Experiment":

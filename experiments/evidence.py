@@ -1,0 +1,314 @@
+"""Which flag helps when: every registered method's claim, experiment and verdict, from the committed results.
+
+Writes `experiments/results/index.json` (family → method name as `hf-stable list` prints it → {experiment, verdict,
+effect, ci_low, ci_high, control_passed, ...}) and `docs/evidence.md` (generated: edit this file, not the page).
+`tests/experiments/test_evidence_index.py` checks that both are what this script writes from today's results and
+that every registered method has a row.
+
+Verdicts:
+* `replicated`: the claim's criteria pass and every control of its testbed passes;
+* `not replicated`: a claim criterion fails on a testbed whose controls passed (it could show the effect);
+* `inconclusive`: a control failed, or the experiment has no control that shows it could detect the effect, so a
+  failure says nothing;
+* `reference`: a baseline other methods are measured against (no claim of its own);
+* `no experiment`: nothing measures the claim yet.
+
+Command:
+    .venv/bin/python experiments/evidence.py
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RESULTS = ROOT / "results"
+INDEX = RESULTS / "index.json"
+PAGE = REPO / "docs" / "evidence.md"
+SOURCE = "https://github.com/hf-stable/hf_stable/blob/main/experiments/results"
+
+# Checked tensor for tensor against mergekit on mergekit's own recipes (tests/merging/test_mergekit_parity.py): their
+# evidence is parity, not an experiment.
+MERGEKIT_CHECKED = frozenset(
+    "arcee_fusion breadcrumbs breadcrumbs_ties dare_linear dare_ties della della_linear karcher linear model_stock "
+    "multislerp nearswap nuslerp passthrough ram ramplus_tl sce slerp task_arithmetic ties".split()
+)
+VERDICTS = ("replicated", "not replicated", "inconclusive", "reference", "no experiment")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method's evidence. `claim`: criteria of `experiment` that state the claim; `controls`: criteria that
+    show the testbed can detect it (all must pass for a failure to count). `grpo_methods`: the method's key in
+    `grpo_methods.json`'s verdicts (that experiment computes its own). `tofu`: the method's arm in `tinytofu.json`."""
+
+    family: str
+    name: str
+    text: str
+    experiment: str | None = None
+    claim: tuple[str, ...] = ()
+    controls: tuple[str, ...] = ()
+    grpo_methods: tuple[str, ...] = ()
+    tofu: str | None = None
+    reference: bool = False
+    why: str = ""
+    also: tuple[str, ...] = field(default=())
+
+
+R = Row
+ROWS = (
+    # GRPO advantages, losses and rewards: the RL testbed (grpo_methods) first, then the older toy experiments
+    R("advantage_estimator", "sgrpo", "S-GRPO keeps learning under noisy binary rewards where GRPO does not",
+      "grpo_methods", grpo_methods=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
+      also=("grpo_reward_noise", "grpo_toy_bandits")),
+    R("advantage_estimator", "maxrl", "MaxRL improves on GRPO at equal samples", "grpo_methods",
+      grpo_methods=("maxrl",), also=("grpo_toy_bandits",)),
+    R("advantage_estimator", "dvao", "DVAO balances conflicting rewards better than a fixed combination",
+      "grpo_toy_bandits", claim=("dvao", "dvao_conflict"), also=("grpo_multi_objective",)),
+    R("advantage_estimator", "oblr", "OBLR-PO keeps RL stable where the step is too large", "grpo_methods",
+      grpo_methods=("oblr",), also=("grpo_toy_bandits",)),
+    R("lr_scaling", "snr", "SNR-scaled learning rate keeps RL stable where the step is too large", "grpo_methods",
+      grpo_methods=("snr",)),
+    R("loss_aggregation", "delta_l", "ΔL is the minimum-variance unbiased aggregation", "grpo_toy_bandits",
+      claim=("delta_l",), also=("grpo_length",)),
+    R("loss_mode", "drpo", "DRPO shortens correct answers without losing accuracy", "grpo_length", claim=("a",),
+      also=("grpo_toy_bandits",)),
+    R("loss_mode", "onpolicy_sft", "on-policy SFT shortens answers without losing accuracy", "grpo_length",
+      claim=("b",)),
+    R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably",
+      why="no testbed generates off-policy data yet"),
+    R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
+      why="needs a free-text task where hidden-state geometry can carry quality; the RL testbed's answers are 1-3 "
+      "tokens"),
+    R("reward_function", "arithmetic_exact_match", "the testbeds' verifier", reference=True),
+    R("reward_function", "majority_vote", "label-free RL with the group's majority answer raises accuracy (TTRL)",
+      "grpo_methods", grpo_methods=("majority_vote",)),
+    R("reward_transform", "brme", "a robust reward ensemble resists reward-model error",
+      why="needs an ensemble of imperfect reward heads on the RL testbed"),
+    R("reward_weighting", "static", "TRL's fixed reward weights", reference=True),
+    R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
+      also=("grpo_multi_objective",)),
+    R("reward_weighting", "gradient", "gradient-based weights serve the under-served objective", "grpo_toy_bandits",
+      claim=("gradient",), also=("grpo_multi_objective",)),
+    R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
+      claim=("a",)),
+    R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation",
+      why="needs a proxy reward that can be over-optimised on the RL testbed"),
+    # SFT
+    R("sft_objective", "nll", "TRL's NLL", reference=True),
+    R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
+      "sft_capability_continuum", claim=("ms_p", "ms_p10", "mw")),
+    R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", why="no experiment of its own"),
+    R("sft_objective", "auto", "the `auto` rule picks the better objective by the model's prior",
+      "sft_capability_continuum", claim=("calibrated_rule", "shipped_rule")),
+    *(
+        R("sft_threshold", name, "token thresholds select the tokens the objective trains", why="no experiment")
+        for name in ("top_p", "bottom_p", "top_logp", "bottom_logp", "unlikelihood_top", "unlikelihood_bottom")
+    ),
+    R("sft_sample_reweighting", "feasible", "Feasible Learning bounds every sample's loss", why="no experiment yet"),
+    R("sft_sequence_objective", "redi", "REDI's α < 1 keeps training on negatives stable", "redi_alpha",
+      claim=("a_near", "a_far", "b_near", "b_far"), controls=("c_near", "c_far")),
+    # merging beyond mergekit
+    R("merge_method", "fisher_rao", "Fisher-Rao merging beats linear averaging as experts diverge",
+      "merge_fisher_rao", claim=("a", "b"), controls=("c",)),
+    R("merge_method", "nre", "norm restoration keeps the merged activation scale", "merge_fisher_rao", claim=("b",),
+      controls=("c",)),
+    R("merge_method", "nre_unit", "norm restoration keeps the merged activation scale", "merge_fisher_rao",
+      claim=("b",), controls=("c",)),
+    R("merge_method", "fw_merging", "FW-Merging keeps accuracy as irrelevant experts join", "merge_fw", claim=("a",),
+      controls=("b",)),
+    R("merge_method", "wsm", "merging constant-LR checkpoints matches a real LR decay", "merge_wsm", claim=("a",)),
+    # stability
+    R("stability_monitor", "innovation_probe", "the innovation probe flags instability before the loss does",
+      why="no experiment yet"),
+    R("stability_monitor", "representation_drift", "representation drift predicts degraded steerability",
+      why="no experiment yet"),
+    # unlearning (TinyTOFU v2: GA's collapse and the embedding-reset control are its controls)
+    *(
+        R(family, name, "Tier 1 of TinyTOFU v2 on every seed (forgets, keeps retain and world knowledge)",
+          "tinytofu", controls=("b", "d"), tofu=arm)
+        for family, name, arm in (
+            ("unlearning_method", "graddiff", "graddiff"),
+            ("unlearning_method", "npo", "npo"),
+            ("unlearning_method", "simnpo", "simnpo"),
+            ("unlearning_method", "sga", "sga"),
+            ("unlearning_method", "pdu", "pdu"),
+            ("unlearning_method", "stableun", "stableun"),
+            ("unlearning_method", "dmm", "dmm_oracle"),
+            ("unlearning_forget_loss", "npo", "npo"),
+            ("unlearning_forget_loss", "simnpo", "simnpo"),
+            ("unlearning_forget_loss", "sga", "sga"),
+            ("unlearning_forget_loss", "flatten", "pdu"),
+            ("unlearning_forget_loss", "dmm", "dmm_oracle"),
+        )
+    ),
+    R("unlearning_method", "ga", "gradient ascent: the collapse the others are measured against", reference=True),
+    R("unlearning_forget_loss", "ga", "gradient ascent: the collapse the others are measured against", reference=True),
+    *(R("unlearning_retain_loss", n, "a retain term other methods combine", reference=True) for n in ("nll", "kl")),
+    R("unlearning_retain_loss", "none", "no retain term", reference=True),
+    # adapters and the stability callbacks (not registry methods; their flags are listed by their pages)
+    R("adapter", "map", "LoMAP at least matches LoRA at equal rank", "adapters_map_rank", claim=("a", "b")),
+    R("adapter", "rslora", "with α/√r the loss keeps improving with rank", "adapters_rslora_rank",
+      claim=("a", "c"), controls=("b",)),
+    R("adapter", "sine", "bounded sine adapters keep unlearning stable where LoRA blows up",
+      "adapters_sine_unlearning", claim=("2", "3"), controls=("1a", "1b", "1c")),
+    R("adapter", "tfb", "TFB lowers ECE and NLL at the same accuracy", "adapters_tfb_calibration",
+      claim=("1", "2")),
+    R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
+      "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
+    R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
+      "stability_guard_spike", claim=("B1", "B2"), controls=("B3",)),
+)
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _criteria_verdict(result: dict, claim: tuple[str, ...], controls: tuple[str, ...]) -> tuple[str, bool | None]:
+    crit = result["criteria"]
+    missing = [k for k in (*claim, *controls) if k not in crit]
+    if missing:
+        raise KeyError(f"criteria {missing} not in the result")
+    controls_ok = all(crit[k]["passed"] for k in controls) if controls else None
+    if controls_ok is False:
+        return "inconclusive", controls_ok
+    if all(crit[k]["passed"] for k in claim):
+        return "replicated", controls_ok
+    return ("not replicated" if controls_ok else "inconclusive"), controls_ok
+
+
+def _interval(values: dict | None) -> tuple:
+    values = values or {}
+    return values.get("mean"), values.get("ci_low"), values.get("ci_high")
+
+
+def evaluate(row: Row) -> dict:
+    out = {"family": row.family, "claim": row.text, "experiment": row.experiment, "also": list(row.also)}
+    if row.reference or row.experiment is None:
+        verdict = "reference" if row.reference else "no experiment"
+        return {**out, "verdict": verdict, "effect": None, "ci_low": None, "ci_high": None, "control_passed": None,
+                "why": row.why}
+    result = load(row.experiment)
+    if result is None:
+        return {**out, "verdict": "no experiment", "effect": None, "ci_low": None, "ci_high": None,
+                "control_passed": None, "why": f"{row.experiment}.json is not committed"}
+    effect = ci_low = ci_high = None
+    if row.grpo_methods:
+        found = [result["aggregate"]["methods"][k] for k in row.grpo_methods]
+        order = VERDICTS.index
+        verdict = min((v["verdict"] for v in found), key=order)  # the best reading over its phenomena
+        control = all(v["control_passed"] for v in found) and all(
+            v["detection"] is None or v["detection"]["ci_high"] < 0 for v in found
+        )
+        best = next(v for v in found if v["verdict"] == verdict)
+        effect, ci_low, ci_high = _interval(best["effect"])
+        detail = {k: {"verdict": v["verdict"], "effect": v["effect"]["mean"], "ci_low": v["effect"]["ci_low"],
+                      "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.grpo_methods, found, strict=True)}
+        out["detail"] = detail
+    elif row.tofu:
+        agg = result["aggregate"][row.tofu]
+        n = len(result["per_seed"])
+        controls = all(result["criteria"][k]["passed"] for k in row.controls)
+        control = controls
+        effect = agg["tier1_seeds"] / n
+        out["effect_is"] = f"share of seeds on which Tier 1 holds ({agg['tier1_seeds']}/{n})"
+        verdict = "inconclusive" if not controls else ("replicated" if agg["tier1_seeds"] == n else "not replicated")
+    else:
+        verdict, control = _criteria_verdict(result, row.claim, row.controls)
+        if len(row.claim) == 1:
+            effect, ci_low, ci_high = _interval(result["criteria"][row.claim[0]].get("values"))
+        out["criteria"] = {k: result["criteria"][k]["passed"] for k in (*row.claim, *row.controls)}
+        if not row.controls:
+            out["why"] = "the experiment has no control that shows it can detect the effect"
+    out.update(verdict=verdict, effect=effect, ci_low=ci_low, ci_high=ci_high, control_passed=control)
+    if row.why and "why" not in out:
+        out["why"] = row.why
+    return out
+
+
+def build_index() -> dict:
+    index: dict[str, dict] = {}
+    for row in ROWS:
+        index.setdefault(row.family, {})[row.name] = evaluate(row)
+    return index
+
+
+def _num(x) -> str:
+    return "" if x is None else f"{x:+.3f}"
+
+
+def anchor(family: str, name: str) -> str:
+    return f"{family}-{name}".replace("_", "-")
+
+
+def page(index: dict) -> str:
+    counts = {v: sum(r["verdict"] == v for fam in index.values() for r in fam.values()) for v in VERDICTS}
+    lines = [
+        "# Evidence: which flag helps when",
+        "",
+        "<!-- generated by experiments/evidence.py from experiments/results/*.json; do not edit by hand -->",
+        "",
+        "Every registered method (mergekit's methods are checked tensor for tensor against mergekit instead), its "
+        "claim, the experiment that tests it, the effect with its 95% interval over seeds where the experiment "
+        "reports one, and a verdict. A failure counts as *not replicated* only on a testbed whose controls passed "
+        "(it showed it could detect the effect); otherwise it is *inconclusive*. The same table is machine-readable "
+        "in `experiments/results/index.json`; `python experiments/_harness.py` says which results today's code "
+        "would change.",
+        "",
+        "Summary: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS) + ".",
+        "",
+        "| family | method | verdict | effect [95% CI] | control | experiment |",
+        "|---|---|---|---|---|---|",
+    ]
+    for family, methods in index.items():
+        for name, r in methods.items():
+            ci = f"{_num(r['effect'])} [{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r["ci_low"] is not None else (
+                _num(r["effect"]) if r["effect"] is not None else "")
+            control = {True: "passed", False: "failed", None: "-"}[r["control_passed"]]
+            exp = f"[{r['experiment']}](#{anchor(family, name)})" if r["experiment"] else "-"
+            lines.append(f"| {family} | `{name}` | {r['verdict']} | {ci} | {control} | {exp} |")
+    lines += ["", "## Methods", ""]
+    for family, methods in index.items():
+        for name, r in methods.items():
+            lines += [f'<a id="{anchor(family, name)}"></a>', "", f"### {family}: `{name}`", ""]
+            lines += [f"**Claim.** {r['claim']}.", ""]
+            if r["experiment"]:
+                lines.append(
+                    f"**Experiment.** `experiments/{r['experiment']}.py`; result "
+                    f"[{r['experiment']}.md]({SOURCE}/{r['experiment']}.md), plot "
+                    f"[{r['experiment']}.png]({SOURCE}/{r['experiment']}.png)."
+                )
+                lines.append("")
+            lines.append(f"**Verdict: {r['verdict']}.**" + (f" {r['why'][0].upper()}{r['why'][1:]}." if r.get("why")
+                                                              else ""))
+            for key, d in r.get("detail", {}).items():
+                lines.append(f"- {key}: {d['verdict']}, {_num(d['effect'])} [{_num(d['ci_low'])}, "
+                             f"{_num(d['ci_high'])}]")
+            if r.get("criteria"):
+                lines.append("- criteria: " + ", ".join(f"{k} {'pass' if v else 'FAIL'}"
+                                                          for k, v in r["criteria"].items()))
+            if r.get("effect_is"):
+                lines.append(f"- effect: {r['effect_is']}")
+            if r["also"]:
+                lines.append("- also measured in: " + ", ".join(f"`{a}`" for a in r["also"]))
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write() -> dict:
+    index = build_index()
+    INDEX.write_text(json.dumps(index, indent=1, ensure_ascii=False) + "\n")
+    PAGE.write_text(page(index))
+    return index
+
+
+if __name__ == "__main__":
+    idx = write()
+    verdicts = [r["verdict"] for fam in idx.values() for r in fam.values()]
+    print({v: verdicts.count(v) for v in VERDICTS})
