@@ -66,7 +66,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/redi_alpha.py
 	$(BIN)/python experiments/grpo_toy_bandits.py
 	$(BIN)/python experiments/grpo_rl_control.py
-	$(BIN)/python experiments/grpo_reward_noise.py
+	$(BIN)/python experiments/grpo_methods.py
 	$(BIN)/python experiments/grpo_length.py
 	$(BIN)/python experiments/grpo_multi_objective.py
 	$(BIN)/python experiments/adapters_map_rank.py
@@ -79,6 +79,7 @@ experiments: $(STAMP)
 	$(BIN)/python experiments/merge_wsm.py
 	$(BIN)/python experiments/stability_guard_spike.py
 	$(BIN)/python experiments/stability_guard_spike.py --design v2
+	$(BIN)/python experiments/evidence.py
 	$(BIN)/python experiments/_harness.py  # every result fresh?
 
 clean:

@@ -15,7 +15,7 @@ SCRIPTS = [
     "sft_capability_continuum",
     "redi_alpha",
     "grpo_toy_bandits",
-    "grpo_reward_noise",
+    "grpo_methods",
     "adapters_sine_unlearning",
     "grpo_length",
     "grpo_multi_objective",
