@@ -64,7 +64,7 @@ ROWS = (
     # GRPO advantages, losses and rewards: the RL testbed (grpo_methods) first, then the older toy experiments
     R("advantage_estimator", "sgrpo", "S-GRPO keeps learning under noisy binary rewards where GRPO does not",
       "grpo_methods", grpo_methods=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
-      also=("grpo_reward_noise", "grpo_toy_bandits")),
+      also=("grpo_toy_bandits",)),
     R("advantage_estimator", "maxrl", "MaxRL improves on GRPO at equal samples", "grpo_methods",
       grpo_methods=("maxrl",), also=("grpo_toy_bandits",)),
     R("advantage_estimator", "dvao", "DVAO balances conflicting rewards better than a fixed combination",
