@@ -9,11 +9,13 @@ Public API (imported lazily, so `import hf_stable.merging` does not import torch
 * `merge_tensors` / `merge_state_dicts` — in-memory merges (whole tensors resident); `get_merge_method`,
   `MERGE_METHODS` — the method registry; `fw_merge` — data-driven FW-Merging (arXiv 2503.12649).
 
-Submodules, in the order a merge passes through them: `config` (the recipe), `resolve` (local folder or Hub),
-`compat` (can these checkpoints be merged), `plan` (per-tensor sources, parameters, passes and chunks), `engine`
-with `ring` (the buffer ring and its I/O thread), `io` (header parsing, byte-range reader, streaming writer),
-`card` (the model card), `hub` (push). The methods live in `methods` (registry); `gram`, `quantile`, `rng` are their
-numerics; `reference` merges in memory; `diagnostics`; `fw`, `fw_pool`, `fw_objectives` (FW-Merging).
+Submodules, in the order a merge passes through them: `config` (the recipe; `settings` and `model_refs` its
+parameter values and input models), `resolve` (local folder or Hub), `compat` (can these checkpoints be merged),
+`plan` (per-tensor sources, parameters, passes and chunks; `plan_records` its records), `engine` with `execution`
+(one run's buffers and arithmetic) and `ring` (the buffer ring and its I/O thread), `io` (header parsing, byte-range
+reader, streaming writer), `card` (the model card), `hub` (push). The methods live in `methods` (registry); `gram`,
+`quantile`, `rng`, `ties_ops` are their numerics; `reference` merges in memory; `diagnostics`; `fw`, `fw_local`,
+`fw_step`, `fw_pool`, `fw_objectives` (FW-Merging).
 """
 
 from __future__ import annotations

@@ -34,14 +34,22 @@ checked against `hf_stable.merging.methods` when a recipe is built.
 from __future__ import annotations
 
 import copy
-import fnmatch
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .model_refs import ModelRef, OutputSlice, SliceSource
 from .resolve import split_revision
+from .settings import (
+    evaluate_setting,
+    filter_matches,
+    is_pre_layer,
+    layer_index,
+    layer_position,
+    parse_parameters,
+    with_layer,
+)
 
 
 _MERGEKIT_UNSUPPORTED = {
@@ -86,226 +94,6 @@ DTYPE_NAMES = {
     "float64": "F64",
     "fp64": "F64",
 }
-
-# Tensor names inside a repeated block: `model.layers.3.mlp...`, GPT-2's `h.3.`, `blocks.3.`, BERT's `layer.3.`.
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
-_PRE_LAYER_HINTS = ("embed", "wte", "wpe", "word_embeddings", "tok_embeddings", "position_embeddings")
-
-
-def layer_index(tensor_name: str) -> int | None:
-    """The decoder-layer index in a tensor name (`model.layers.3.mlp.up_proj.weight` → 3), else `None`."""
-    m = _LAYER_RE.search(tensor_name)
-    return int(m.group(1)) if m else None
-
-
-def with_layer(tensor_name: str, index: int) -> str:
-    """`tensor_name` with its layer index replaced by `index`."""
-    m = _LAYER_RE.search(tensor_name)
-    if m is None:
-        raise ValueError(f"tensor {tensor_name!r} is not inside a layer")
-    return tensor_name[: m.start(1)] + str(index) + tensor_name[m.end(1) :]
-
-
-def is_pre_layer(tensor_name: str) -> bool:
-    """A tensor outside the layers that comes before them (embeddings); the others (norm, lm_head) come after."""
-    return any(h in tensor_name for h in _PRE_LAYER_HINTS)
-
-
-def layer_position(tensor_name: str, offset: int | None, num_layers: int | None) -> float:
-    """mergekit 0.1.5's gradient position `t ∈ [0, 1]` of a tensor (see the module docstring).
-
-    `offset` is the layer's position within its slice (its layer index for the `models:` form), `num_layers` the
-    slice's layer count; tensors outside the layers (`offset=None`) are at `t = 0`.
-    """
-    if offset is None:
-        return 0.0
-    if not num_layers or num_layers <= 1:
-        return 1.0
-    return min(1.0, offset / (num_layers - 1))
-
-
-def _filter_matches(pattern: Any, tensor_name: str) -> bool:
-    if pattern is None or pattern == "*":
-        return True
-    pattern = str(pattern)
-    return pattern in tensor_name or fnmatch.fnmatchcase(tensor_name, pattern)
-
-
-def _is_scalar(v: Any) -> bool:
-    return isinstance(v, (int, float, bool, str))
-
-
-def evaluate_setting(setting: Any, tensor_name: str, t: float) -> Any:
-    """Value of one parameter setting for a tensor at layer position `t`; `None` when no conditional matches.
-
-    Follows mergekit's `evaluate_setting`: numeric lists interpolate linearly between neighbouring entries,
-    other scalar lists are stepped (`setting[int(t·(len−1))]`), conditional lists return the first match.
-    """
-    if setting is None or _is_scalar(setting):
-        return setting
-    if isinstance(setting, dict):  # a single conditional
-        return (
-            evaluate_setting(setting["value"], tensor_name, t)
-            if _filter_matches(setting.get("filter"), tensor_name)
-            else None
-        )
-    if isinstance(setting, (list, tuple)):
-        if not setting:
-            return None
-        if all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in setting):
-            scaled = t * (len(setting) - 1)
-            i0 = int(scaled)
-            i1 = min(len(setting) - 1, i0 + 1)
-            frac = scaled - i0
-            return (1 - frac) * setting[i0] + frac * setting[i1]
-        if all(_is_scalar(e) for e in setting):
-            return setting[int(t * (len(setting) - 1))]
-        for cond in setting:
-            if _filter_matches(cond.get("filter"), tensor_name):
-                return evaluate_setting(cond["value"], tensor_name, t)
-        return None
-    raise TypeError(f"unexpected parameter setting {setting!r} for tensor {tensor_name!r}")
-
-
-def _check_setting(name: str, setting: Any, where: str) -> None:
-    """Reject malformed settings when the recipe is read, not halfway through a merge."""
-    if setting is None or _is_scalar(setting):
-        return
-    if isinstance(setting, dict):
-        setting = [setting]
-    if isinstance(setting, (list, tuple)):
-        if not setting:
-            raise ValueError(f"{where}.{name}: an empty list is not a valid parameter value")
-        if all(_is_scalar(e) for e in setting):
-            return
-        for cond in setting:
-            if not isinstance(cond, dict) or "value" not in cond or not set(cond) <= {"filter", "value"}:
-                raise ValueError(
-                    f"{where}.{name}: a list must hold only scalars (a gradient) or only {{filter, value}} "
-                    f"conditionals, got {cond!r}"
-                )
-            _check_setting(name, cond["value"], where)
-            if isinstance(cond["value"], dict) or (
-                isinstance(cond["value"], list) and not all(_is_scalar(e) for e in cond["value"])
-            ):
-                raise ValueError(f"{where}.{name}: a conditional's value must be a scalar or a gradient list")
-        return
-    raise ValueError(f"{where}.{name}: unsupported value {setting!r} (scalar, gradient list or conditionals)")
-
-
-def _parameters(value: Any, where: str) -> dict[str, Any]:
-    """A `parameters:` mapping (None, as an empty YAML `parameters:` gives, is an empty mapping)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping, got {value!r}")
-    for k, v in value.items():
-        _check_setting(k, v, where)
-    return dict(value)
-
-
-@dataclass
-class ModelRef:
-    """One input model: a local folder/file or a Hub id, an optional pinned revision, per-model parameters."""
-
-    model: str
-    revision: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, spec: Any, where: str, *, extra_keys: tuple[str, ...] = ()) -> ModelRef:
-        if isinstance(spec, ModelRef):
-            return copy.deepcopy(spec)
-        if isinstance(spec, (str, os.PathLike)):
-            spec = {"model": str(spec)}
-        if not isinstance(spec, dict) or "model" not in spec:
-            raise ValueError(f"{where}: expected a model path/id or {{model: ..., parameters: {{...}}}}, got {spec!r}")
-        extra = set(spec) - {"model", "parameters", *extra_keys}
-        if extra:
-            raise ValueError(f"{where}: unknown keys {sorted(extra)} (allowed: model, parameters, *{extra_keys})")
-        model, revision = str(spec["model"]), None
-        # `org/name@rev` pins a Hub revision (mergekit's ModelReference syntax); a local path containing '@' wins.
-        if "@" in model and not Path(model).exists():
-            model, revision = model.rsplit("@", 1)
-            if not model or not revision:
-                raise ValueError(f"{where}: {spec['model']!r} is not of the form path_or_id[@revision]")
-        return cls(model, revision, _parameters(spec.get("parameters"), f"{where}.parameters"))
-
-    @property
-    def spec(self) -> str:
-        return self.model if self.revision is None else f"{self.model}@{self.revision}"
-
-    def same_model(self, other: ModelRef | None) -> bool:
-        return other is not None and self.model == other.model and self.revision == other.revision
-
-    def to_dict(self) -> dict:
-        d: dict[str, Any] = {"model": self.spec}
-        if self.parameters:
-            d["parameters"] = copy.deepcopy(self.parameters)
-        return d
-
-
-@dataclass
-class SliceSource:
-    """One source of an output slice: a model (with its per-source parameters) and a layer range `[start, stop)`."""
-
-    model: ModelRef
-    layer_range: tuple[int, int]
-
-    def to_dict(self) -> dict:
-        return {**self.model.to_dict(), "layer_range": list(self.layer_range)}
-
-
-@dataclass
-class OutputSlice:
-    """A run of output layers merged from `sources` (each spanning the same number of layers)."""
-
-    sources: list[SliceSource]
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_layers(self) -> int:
-        a, b = self.sources[0].layer_range
-        return b - a
-
-    def to_dict(self) -> dict:
-        d: dict[str, Any] = {"sources": [s.to_dict() for s in self.sources]}
-        if self.parameters:
-            d["parameters"] = copy.deepcopy(self.parameters)
-        return d
-
-    @classmethod
-    def parse(cls, spec: Any, where: str) -> OutputSlice:
-        if not isinstance(spec, dict) or "sources" not in spec:
-            raise ValueError(f"{where}: expected {{sources: [...], parameters: {{...}}}}, got {spec!r}")
-        unsupported = {"base_model", "residual_weight"} & set(spec)
-        if unsupported:
-            raise ValueError(
-                f"{where}: {sorted(unsupported)} per slice is not supported (unsupported mergekit feature); set "
-                "base_model at the top level"
-            )
-        extra = set(spec) - {"sources", "parameters"}
-        if extra:
-            raise ValueError(f"{where}: unknown keys {sorted(extra)} (allowed: sources, parameters)")
-        if not isinstance(spec["sources"], list) or not spec["sources"]:
-            raise ValueError(f"{where}.sources: at least one source is required")
-        sources = []
-        for j, src in enumerate(spec["sources"]):
-            w = f"{where}.sources[{j}]"
-            ref = ModelRef.parse(src, w, extra_keys=("layer_range",))
-            rng = src.get("layer_range") if isinstance(src, dict) else None
-            if (
-                not isinstance(rng, (list, tuple))
-                or len(rng) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in rng)
-                or not 0 <= rng[0] < rng[1]
-            ):
-                raise ValueError(f"{w}.layer_range: expected [start, stop) with 0 <= start < stop, got {rng!r}")
-            sources.append(SliceSource(ref, (int(rng[0]), int(rng[1]))))
-        lengths = {s.layer_range[1] - s.layer_range[0] for s in sources}
-        if len(lengths) > 1:
-            raise ValueError(f"{where}: every source of a slice must span the same number of layers, got {lengths}")
-        return cls(sources, _parameters(spec.get("parameters"), f"{where}.parameters"))
 
 
 @dataclass
@@ -373,7 +161,7 @@ class MergeConfig:
         if not self.models:
             raise ValueError("models: at least one input model is required")
         self.parameters = (
-            _parameters(self.parameters, "parameters") if not self.is_data_driven else dict(self.parameters or {})
+            parse_parameters(self.parameters, "parameters") if not self.is_data_driven else dict(self.parameters or {})
         )
         if "filter_exclude" in self.parameters:
             self.filter_exclude = list(self.filter_exclude) + list(_as_list(self.parameters.pop("filter_exclude")))
@@ -598,7 +386,7 @@ class MergeConfig:
 
     def is_excluded(self, tensor_name: str) -> bool:
         """`True` when `filter_exclude` routes this tensor to a plain weighted average."""
-        return any(_filter_matches(p, tensor_name) for p in self.filter_exclude)
+        return any(filter_matches(p, tensor_name) for p in self.filter_exclude)
 
 
 def _method_traits(name: str):
@@ -663,3 +451,20 @@ def _apply_weights(models: list, weights: Any) -> list:
         spec["parameters"] = params
         out.append(spec)
     return out
+
+
+# The recipe API, `settings`' and `model_refs`' parts included, so `from hf_stable.merging.config import X` keeps
+# working for every X it has offered.
+__all__ = [
+    "DTYPE_NAMES",
+    "MergeConfig",
+    "ModelRef",
+    "OutputSlice",
+    "SliceSource",
+    "evaluate_setting",
+    "is_pre_layer",
+    "layer_index",
+    "layer_position",
+    "load_recipe_dict",
+    "with_layer",
+]

@@ -23,13 +23,13 @@ one candidate tensor are resident; candidates are read candidate-major in on-dis
 read once more for the update. Resident memory is O(model) whatever the pool size; the price is I/O:
 (T·(N + 1))·|θ| bytes are read (`history.bytes_read`). `ResidentTracker` (`fw_pool`) counts the candidate tensors
 alive at once (weak references, so a leaked tensor is seen), which the tests and the experiment report. The TIES
-local merge reuses the combiner of `merge_method: ties` (`methods.ties`: trim, sign election, disjoint mean).
+local merge reuses the combiner of `merge_method: ties` (`ties_ops`: trim, sign election, disjoint mean). The local
+merges live in `fw_local`, one iteration's oracle and update in `fw_step`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -41,101 +41,22 @@ from typing import Any
 import torch
 
 from hf_stable._validation import check_choice, check_int, check_number
+from hf_stable.merging.fw_local import LOCAL_MERGES, LocalMerge, check_pool, local_merge_all, merge_all_into, open_pool
 from hf_stable.merging.fw_objectives import CallableObjective, FWObjective, make_objective
-from hf_stable.merging.fw_pool import CandidateSource, ResidentTracker
-from hf_stable.merging.methods.ties import disjoint_add, disjoint_mean, elect
-from hf_stable.merging.methods.ties import trim as trim_top
+from hf_stable.merging.fw_pool import ResidentTracker
+from hf_stable.merging.fw_step import NO_MOVE, ZEROS, dot64, fw_gamma, fw_update, lmo_select, norm64
 from hf_stable.merging.resolve import resolve_model_path
+from hf_stable.merging.ties_ops import trim as trim_top
 
 
 LMO_KINDS = ("layer", "task")
 LMO_SCORES = ("gap", "ref_cosine")
 INITS = ("base", "merge_all")
-LOCAL_MERGES = ("ta", "ties")
-NO_MOVE = -1  # vertex index meaning "s^ℓ = x^ℓ"
-ZEROS = -2  # vertex index meaning "s^ℓ = 0" (ref_cosine layer-wise LMO)
-_CHUNK = 1 << 22  # elements per fp64 chunk in inner products (bounds the fp64 temporaries)
-
-
-def _label(spec: Any, i: int) -> str:
-    return str(spec) if isinstance(spec, (str, os.PathLike)) else f"pool[{i}]"
-
-
-def _open_pool(pool: Sequence[Any], tracker: ResidentTracker, device) -> list[CandidateSource]:
-    if isinstance(pool, (str, os.PathLike, Mapping)):
-        raise TypeError("pool: expected a list of checkpoints (paths or state dicts), got a single one")
-    return [CandidateSource(spec, tracker, label=_label(spec, i), device=device) for i, spec in enumerate(pool)]
-
-
-def _check_pool(sources: list[CandidateSource], shapes: dict[str, tuple[int, ...]]) -> None:
-    for src in sources:
-        missing = [n for n in shapes if n not in src.shapes]
-        if missing:
-            raise ValueError(f"pool entry {src.label}: missing tensor(s) {missing[:5]} of the base model")
-        for n, shape in shapes.items():
-            if src.shapes[n] != shape:
-                raise ValueError(f"pool entry {src.label}: tensor {n!r} has shape {src.shapes[n]}, base has {shape}")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# small math helpers
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _dot64(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None) -> float:
-    """`<a, b − c>` (or `<a, b>`) accumulated in fp64 over flat chunks; a, b, c: same numel."""
-    a, b = a.reshape(-1), b.reshape(-1)
-    c = None if c is None else c.reshape(-1)
-    total = torch.zeros((), dtype=torch.float64, device=a.device)
-    for s in range(0, a.numel(), _CHUNK):
-        bb = b[s : s + _CHUNK].double()
-        if c is not None:
-            bb = bb - c[s : s + _CHUNK].double()
-        total += torch.dot(a[s : s + _CHUNK].double(), bb)
-    return float(total)
-
-
-def _norm64(a: torch.Tensor) -> float:
-    return math.sqrt(max(_dot64(a, a), 0.0))
-
-
-def fw_gamma(t: int, step: float) -> float:
-    """Frank–Wolfe step `γ_t = η·2/(t+2)` (t = 0, 1, ...; γ_0 = η), as the reference's `2/(t+2)·step_size`."""
-    return step * 2.0 / (t + 2.0)
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # configuration and history
 # --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LocalMerge:
-    """How the FW direction is applied: `ta` adds `λγ(s − x)`; `ties` adds `λγ·Trim_ρ(s − x)`."""
-
-    method: str = "ta"
-    scaling: float = 1.0
-    density: float = 0.3
-
-    @classmethod
-    def parse(cls, value: Any) -> LocalMerge:
-        if value is None:
-            return cls()
-        if isinstance(value, LocalMerge):
-            out = value
-        elif isinstance(value, str):
-            out = cls(method=value)
-        elif isinstance(value, Mapping):
-            unknown = set(value) - {"method", "scaling", "density"}
-            if unknown:
-                raise ValueError(f"local_merge: unknown key(s) {sorted(unknown)}; allowed: method, scaling, density")
-            out = cls(**dict(value))
-        else:
-            raise TypeError(f"local_merge: expected a dict, a method name or LocalMerge, got {type(value)}")
-        check_choice("local_merge.method", out.method, LOCAL_MERGES)
-        check_number("local_merge.scaling", out.scaling, low=0, low_open=True)
-        check_number("local_merge.density", out.density, low=0, high=1, low_open=True)
-        return out
 
 
 @dataclass
@@ -213,122 +134,8 @@ def _zero_grads(params: Mapping[str, torch.Tensor], target: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# streamed local merge over the whole pool (init="merge_all"; also the TA / TIES baselines)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def _merge_all_into(params: Mapping[str, torch.Tensor], sources: list[CandidateSource], local: LocalMerge) -> None:
-    """In place: `x ← θ_0 + λ·TA(τ)` or `θ_0 + λ·TIES_ρ(τ)` with `θ_0` = the current `params`, `τ_i = θ_i − θ_0`.
-
-    Streamed candidate by candidate, one tensor resident. TA: `Σ_i τ_i`. TIES (Yadav et al. 2023, the combiner of
-    `merge_method: ties` with unit weights): per-tensor magnitude trim of each `τ_i` to density ρ, elected sign
-    of `Σ_i trim(τ_i)` (0 → +), disjoint mean over the entries that agree with it. Two passes for TIES (sum of
-    trimmed vectors, then the agreeing sum and count): memory O(model), not O(N·model).
-    """
-    names = list(params)
-    base = {n: params[n].detach().clone() for n in names}
-    if local.method == "ta":
-        acc = {n: torch.zeros_like(base[n]) for n in names}
-        for src in sources:
-            for n in src.order(names):
-                theta = src.read(n)
-                acc[n] += theta - base[n]
-                del theta
-        merged = acc
-    else:
-        total = {n: torch.zeros_like(base[n]) for n in names}
-        for src in sources:
-            for n in src.order(names):
-                theta = src.read(n)
-                total[n] += trim_top(theta - base[n], local.density)
-                del theta
-        sign = {n: elect(total[n]) for n in names}
-        del total
-        agree = {n: torch.zeros_like(base[n]) for n in names}
-        count = {n: torch.zeros_like(base[n]) for n in names}
-        for src in sources:
-            for n in src.order(names):
-                theta = src.read(n)
-                tau = trim_top(theta - base[n], local.density)
-                del theta
-                disjoint_add(agree[n], count[n], tau, sign[n], 1.0)
-        merged = {n: disjoint_mean(agree[n], count[n], sign[n], [1.0]) for n in names}
-    for n in names:
-        params[n].copy_(base[n] + local.scaling * merged[n])
-
-
-def local_merge_all(
-    base: Mapping[str, torch.Tensor],
-    pool: Sequence[Any],
-    *,
-    method: str = "ta",
-    scaling: float = 1.0,
-    density: float = 0.3,
-    tracker: ResidentTracker | None = None,
-) -> dict[str, torch.Tensor]:
-    """Task arithmetic / TIES of a whole pool against `base`, streamed (one candidate tensor resident).
-
-    Args:
-        base: `{name: tensor}`; its float tensors are merged.
-        pool: paths of safetensors checkpoints or state dicts.
-        method, scaling, density: `LocalMerge` fields (`ta`: `θ_0 + λΣτ_i`; `ties`: `θ_0 + λ·TIES_ρ(τ)`).
-    Returns:
-        `{name: fp32 tensor}`.
-    """
-    local = LocalMerge.parse({"method": method, "scaling": scaling, "density": density})
-    tracker = tracker or ResidentTracker()
-    params = {n: t.detach().to(torch.float32).clone() for n, t in base.items() if t.dtype.is_floating_point}
-    sources = _open_pool(pool, tracker, device=next(iter(params.values())).device)
-    try:
-        _check_pool(sources, {n: tuple(t.shape) for n, t in params.items()})
-        _merge_all_into(params, sources, local)
-    finally:
-        for src in sources:
-            src.close()
-    return params
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # Frank–Wolfe
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _lmo(
-    scores: torch.Tensor, cosines: torch.Tensor | None, lmo: str, lmo_score: str, live: torch.Tensor
-) -> tuple[list[int], float]:
-    """Vertex per tensor and the duality gap.
-
-    scores: (N, L) fp64 `<g^ℓ, θ_i^ℓ − x^ℓ>`; cosines: (N, L) `<g^ℓ, θ_i^ℓ>/(‖g^ℓ‖‖θ_i^ℓ‖)` or None;
-    live: (L,) bool, tensors with a non-zero gradient (others never move).
-    """
-    if lmo == "layer":
-        best = scores.min(dim=0)
-        gap = float(-best.values.clamp(max=0.0)[live].sum())
-    else:
-        total = scores[:, live].sum(dim=1)
-        gap = float(-total.min().clamp(max=0.0))
-    if lmo_score == "gap":
-        if lmo == "layer":
-            idx = best.indices.tolist()
-            chosen = [
-                i if (v < 0 and ok) else NO_MOVE
-                for i, v, ok in zip(idx, best.values.tolist(), live.tolist(), strict=True)
-            ]
-        else:
-            i = int(total.argmin())
-            chosen = [i if (total[i] < 0 and ok) else NO_MOVE for ok in live.tolist()]
-    else:  # reference behaviour (hmarkc/FW-Merging `frank_wolfe_selection`)
-        if lmo == "layer":
-            best_c = cosines.min(dim=0)
-            chosen = [
-                (i if v < 0 else ZEROS) if ok else NO_MOVE
-                for i, v, ok in zip(best_c.indices.tolist(), best_c.values.tolist(), live.tolist(), strict=True)
-            ]
-        else:
-            i = int(cosines[:, live].sum(dim=1).argmin())
-            chosen = [i if ok else NO_MOVE for ok in live.tolist()]
-    return chosen, gap
 
 
 def fw_merge(
@@ -386,7 +193,7 @@ def fw_merge(
     target, params = _materialise(base, names, device)
     dev = next(iter(params.values())).device
     tracker = ResidentTracker()
-    sources = _open_pool(pool, tracker, device=dev)
+    sources = open_pool(pool, tracker, device=dev)
     if not sources:
         raise ValueError("pool: empty; FW-Merging needs at least one candidate")
     tensor_names = list(params)
@@ -396,10 +203,10 @@ def fw_merge(
     }  # fmt: skip
     history = FWHistory(pool=[s.label for s in sources], settings=settings)
     try:
-        _check_pool(sources, {n: tuple(p.shape) for n, p in params.items()})
+        check_pool(sources, {n: tuple(p.shape) for n, p in params.items()})
         objective.prepare(target)
         if init == "merge_all":
-            _merge_all_into({n: p.data for n, p in params.items()}, sources, local)
+            merge_all_into({n: p.data for n, p in params.items()}, sources, local)
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -415,7 +222,7 @@ def fw_merge(
             live = torch.tensor([g is not None and bool(g.ne(0).any()) for g in grads.values()])
             scores = torch.zeros(len(sources), len(tensor_names), dtype=torch.float64)
             cosines = torch.zeros_like(scores) if lmo_score == "ref_cosine" else None
-            gnorm = {n: _norm64(g) for n, g in grads.items() if g is not None}
+            gnorm = {n: norm64(g) for n, g in grads.items() if g is not None}
             col = {n: j for j, n in enumerate(tensor_names)}
             # scoring pass: candidate-major, on-disk order, one candidate tensor resident
             with torch.no_grad():
@@ -423,12 +230,12 @@ def fw_merge(
                     for n in src.order([n for n, ok in zip(tensor_names, live.tolist(), strict=True) if ok]):
                         theta = src.read(n)
                         g, x = grads[n], params[n]
-                        scores[i, col[n]] = _dot64(g, theta, x)
+                        scores[i, col[n]] = dot64(g, theta, x)
                         if cosines is not None:
-                            denom = gnorm[n] * _norm64(theta)
-                            cosines[i, col[n]] = _dot64(g, theta) / denom if denom > 0 else 0.0
+                            denom = gnorm[n] * norm64(theta)
+                            cosines[i, col[n]] = dot64(g, theta) / denom if denom > 0 else 0.0
                         del theta
-            chosen, gap = _lmo(scores, cosines, lmo, lmo_score, live)
+            chosen, gap = lmo_select(scores, cosines, lmo, lmo_score, live)
             gamma = fw_gamma(t, step)
             record = {
                 "t": t, "loss": loss, "gap": gap, "gamma": gamma, "step": local.scaling * gamma,
@@ -444,7 +251,7 @@ def fw_merge(
                 record.update(stopped=True, step=0.0, bytes_read=tracker.bytes_read, seconds=time.time() - t0)
                 history.iterations.append(record)
                 break
-            _fw_update(params, sources, tensor_names, chosen, local, local.scaling * gamma)
+            fw_update(params, sources, tensor_names, chosen, local, local.scaling * gamma)
             record.update(bytes_read=tracker.bytes_read, seconds=time.time() - t0)
             history.iterations.append(record)
             if bar is not None:
@@ -466,36 +273,6 @@ def fw_merge(
     if isinstance(target, torch.nn.Module):
         return target, history
     return {n: p.detach() for n, p in params.items()}, history
-
-
-@torch.no_grad()
-def _fw_update(
-    params: Mapping[str, torch.Tensor],
-    sources: list[CandidateSource],
-    tensor_names: list[str],
-    chosen: list[int],
-    local: LocalMerge,
-    coef: float,
-) -> None:
-    """`x^ℓ += coef · d^ℓ`, `d^ℓ = s^ℓ − x^ℓ` (TIES: its top-ρ entries; one direction, so no sign election)."""
-    by_source: dict[int, list[str]] = {}
-    for n, c in zip(tensor_names, chosen, strict=True):
-        if c == NO_MOVE:
-            continue
-        if c == ZEROS:
-            x = params[n].data
-            d = -x
-            x.add_(trim_top(d, local.density) if local.method == "ties" else d, alpha=coef)
-        else:
-            by_source.setdefault(c, []).append(n)
-    for i, wanted in by_source.items():
-        for n in sources[i].order(wanted):
-            theta = sources[i].read(n)
-            x = params[n].data
-            d = theta - x
-            del theta
-            x.add_(trim_top(d, local.density) if local.method == "ties" else d, alpha=coef)
-            del d
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -643,6 +420,10 @@ def _plain(obj: Any) -> Any:
 
 
 __all__ = [
+    "INITS",
+    "LMO_KINDS",
+    "LMO_SCORES",
+    "LOCAL_MERGES",
     "FWHistory",
     "LocalMerge",
     "ResidentTracker",

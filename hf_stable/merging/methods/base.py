@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from hf_stable._validation import check_bool, check_choice, check_int, check_number
+from hf_stable.merging.ties_ops import keep_count as keep_count  # defined below the plugins: FW-Merging shares it
 from hf_stable.registry import Registry
 
 
@@ -384,14 +385,6 @@ class ElementwiseMethod(MergeMethod):
             `(n,)` float32 merged vector in `space` (the engine adds the base for task vectors).
         """
         raise NotImplementedError
-
-
-def keep_count(density: float, numel: int) -> int:
-    """Elements kept by magnitude trimming: `max(1, int(density · numel))` for a non-empty tensor and a positive
-    density, as mergekit 0.1.5 `sparsify.magnitude` (`k = max(1, int(density * tensor.numel()))`)."""
-    if numel <= 0 or density <= 0:
-        return 0
-    return min(numel, max(1, int(density * numel)))
 
 
 def _per_model(value: Any, n_models: int, key: str, method: str) -> tuple[float, ...]:
