@@ -69,6 +69,11 @@ def _grpo() -> list[Case]:
              {"rewards": "environment", "rollout": False}),
         Case("environment_factory and reward_funcs", "environment_factory", {},
              {"rewards": "environment+funcs", "rollout": False}),
+        # First turns from `rollout_func` (a call, a failing call, a wrong call, a plain answer); TRL parses them,
+        # runs the tool and samples the turn after the tool result. SmolLM2's tokenizer, TRL's Qwen3 template.
+        Case("tools=[add], Qwen3 chat template", "tool calling",
+             {"max_completion_length": 72, "per_device_train_batch_size": 4},
+             {"model": "smollm2-tokenizer qwen3", "rewards": "tools"}),
     ]  # fmt: skip
     return cases
 

