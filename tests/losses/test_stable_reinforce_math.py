@@ -233,3 +233,32 @@ def test_the_consistency_reward_is_listed_and_refused_by_name():
     assert method.fn is StableReinforceReward and method.paper.arxiv == "2505.02835"
     with pytest.raises(ValueError, match="'stable_reinforce_reward' needs a consistency judge"):
         resolve_reward_function("stable_reinforce_reward")
+
+
+def test_mode_applies_trls_vllm_ratio_and_reference_kl_by_hand():
+    """The loss mode's micro-batch loss with TRL's vLLM ratio and a bias-corrected k3 KL (`beta`), token by token:
+    `Σ_t m·(is·ppo + β·r·kl) / step_tokens` (TRL multiplies the ratio before adding the KL)."""
+    from hf_stable.losses.stable_reinforce import StableReinforceMode
+
+    d = [[0.1, 8.0, -0.2], [0.0, -0.4, 0.3]]
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -0.9]])
+    logps = old + torch.tensor(d)
+    ref = torch.tensor([[-1.2, -1.5, -0.4], [-0.1, -1.0, -1.0]])
+    is_w = torch.tensor([[0.9, 1.1, 1.0], [1.2, 0.8, 0.7]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, beta, step_tokens = [-1.0, 0.5], 0.04, 7.0
+    mode = StableReinforceMode(bound=1e3, beta=beta, bias_correction_kl=True, loss_type="dapo")
+    mode.bind_inputs({"importance_sampling_ratio": is_w, "ref_per_token_logps": ref})
+    loss, policy, parts = mode.loss(logps, mask, torch.tensor(adv), old, 1.0, step_tokens, 3)
+    total = 0.0
+    for i in range(2):
+        for t in range(3):
+            if mask[i, t] == 0:
+                continue
+            r = math.exp(min(max(d[i][t], -math.log(1e3)), math.log(1e3)))
+            x, xr = logps[i, t].item(), ref[i, t].item()
+            kl = math.exp(xr - x) - (xr - x) - 1
+            total += is_w[i, t].item() * _ppo_by_hand(d[i][t], adv[i]) + beta * r * kl
+    assert loss.item() == pytest.approx(total / step_tokens, rel=1e-6)
+    assert policy.item() == loss.item()  # dapo: TRL logs the loss itself
+    assert parts["preclipped_frac"].item() == pytest.approx(1 / 5)
