@@ -13,9 +13,10 @@ Followed from the authors' code (`yfzhang114/r1_reward`, read to match the behav
   advantages of the whole batch are standardised with their token-weighted mean and standard deviation (each
   completion counts once per completion token; the variance floored at 1e-8) and every standardised value outside
   ``[−k, k]`` (the 3-sigma rule, ``k = 3``) or not finite is set to 0; the kept values are the standardised ones.
-  The code compares the standardised value with ``μ ± 3`` (``μ`` the raw mean, a slip that coincides with the
-  paper's ``[−3, 3]`` only when ``μ = 0``) and also zeroes ``|Â| > 10``: we follow the paper's ``|Â| ≤ k``
-  (identical for every ``k ≤ 10``) and leave out the code's ``+1e-8`` offset.
+  The code compares the standardised value with ``μ ± 3`` (``μ`` the raw mean) and also zeroes ``|Â| > 10``; we
+  keep ``|Â| ≤ k``, the 3-sigma rule on standardised advantages that the paper names (its text was not available to
+  us, only its abstract and secondary summaries), which is the code's rule whenever ``μ = 0`` and ``k ≤ 10``, and we
+  leave out the code's ``+1e-8`` offset.
 
 Reconstructed (ours, not in the paper, which trains REINFORCE++ in OpenRLHF): the pre-clip is applied to TRL's
 importance weight at its ``importance_sampling_level`` and composed with TRL's PPO options (``epsilon``,
