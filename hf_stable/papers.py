@@ -446,3 +446,14 @@ PAPERS.update(
         )
     }
 )
+
+# StableReinforce (the seed-methods issue): the R1-Reward paper, authors from its arXiv record.
+PAPERS["r1_reward"] = _arxiv(
+    "r1_reward",
+    "R1-Reward: Training Multimodal Reward Model Through Stable Reinforcement Learning",
+    "2505.02835",
+    2025,
+    "Zhang, Yi-Fan and Lu, Xingyu and Hu, Xiao and Fu, Chaoyou and Wen, Bin and Zhang, Tianke and Liu, Changyi and "
+    "Jiang, Kaiyu and Chen, Kaibing and Tang, Kaiyu and Ding, Haojie and Chen, Jiankang and Yang, Fan and Zhang, "
+    "Zhang and Gao, Tingting and Wang, Liang",
+)

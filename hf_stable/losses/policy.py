@@ -344,3 +344,4 @@ def _groups(x: torch.Tensor, num_generations: int) -> torch.Tensor:
 # Loss modes in their own modules register when this one is imported, after the modes above (the order of the
 # choices): the registry never depends on the order in which users import modules.
 from . import ess as _ess  # noqa: E402, F401
+from . import stable_reinforce as _stable_reinforce  # noqa: E402, F401

@@ -6,6 +6,7 @@ from .exact_match import arithmetic_reward
 from .majority import MajorityVoteReward, last_boxed_or_text, majority_vote, majority_vote_reward
 from .noise import noisy_reward
 from .stable_rank import StableRankReward, stable_rank
+from .stable_reinforce import BY_NAME_REFUSAL, StableReinforceReward, consistency_reward
 
 
 REWARD_FUNCTIONS = Registry("reward_function", "reward functions resolvable by name in configs")
@@ -17,12 +18,21 @@ REWARD_FUNCTIONS.register(
     paper=PAPERS["ttrl"],
     description="1.0 where the answer (last \\boxed{...}, else the text) is its prompt group's majority (TTRL)",
 )(majority_vote)
+# the class, for the listing and the card; by name it is refused (the judge is the user's model)
+REWARD_FUNCTIONS.register(
+    "stable_reinforce_reward",
+    paper=PAPERS["r1_reward"],
+    description="StableReinforce's consistency reward: format + accuracy·(1 + consistency) with a user's judge",
+    refused=BY_NAME_REFUSAL,
+)(StableReinforceReward)
 
 __all__ = [
     "REWARD_FUNCTIONS",
     "MajorityVoteReward",
     "StableRankReward",
+    "StableReinforceReward",
     "arithmetic_reward",
+    "consistency_reward",
     "last_boxed_or_text",
     "majority_vote",
     "majority_vote_reward",

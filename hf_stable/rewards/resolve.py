@@ -13,7 +13,10 @@ def resolve_reward_function(name: str):
     from . import REWARD_FUNCTIONS
 
     if name in REWARD_FUNCTIONS:
-        return REWARD_FUNCTIONS.get(name).fn
+        method = REWARD_FUNCTIONS.get(name)
+        if "refused" in method.extra:  # a reward that needs something only the user has (a judge model)
+            raise ValueError(method.extra["refused"])
+        return method.fn
     import trl.rewards
 
     if not name.startswith("_") and callable(getattr(trl.rewards, name, None)):

@@ -29,6 +29,7 @@ from ..losses.aggregation import LOSS_AGGREGATIONS
 from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
+from ..losses.stable_reinforce import ADVANTAGE_FILTERS
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
 from . import _grpo_buffer
@@ -177,6 +178,10 @@ class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
                 rewards, lengths, num_generations, self.reward_weights, **estimator.params_from(args)
             )
             metrics.update({f"{estimator.name}/{k}": v for k, v in extra.items()})
+        advantage_filter = ADVANTAGE_FILTERS.active(args)
+        if advantage_filter is not None:
+            advantages, extra = advantage_filter(advantages, lengths, **advantage_filter.params_from(args))
+            metrics.update({f"{advantage_filter.name}/{k}": v for k, v in extra.items()})
         if self._aggregation is not None:
             aggregation = self._aggregation
             weights, extra = aggregation(lengths, num_generations=num_generations, **aggregation.params_from(args))

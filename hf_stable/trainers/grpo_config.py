@@ -12,6 +12,7 @@ from ..losses.advantages import ADVANTAGE_ESTIMATORS
 from ..losses.aggregation import LOSS_AGGREGATIONS
 from ..losses.policy import LOSS_MODES
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS
+from ..losses.stable_reinforce import ADVANTAGE_FILTERS
 from ..registry import declare_fields
 from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPOStabilityConfigMixin
@@ -27,6 +28,7 @@ GRPO_REGISTRIES = (
     REWARD_TRANSFORMS,
     INTRINSIC_REWARDS,
     LR_SCALING,
+    ADVANTAGE_FILTERS,
 )
 
 
@@ -54,6 +56,8 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
             2510.04474) or `"onpolicy_sft"` (SFT on the model's own correct, complete samples, arXiv 2602.13407).
             Both new modes need `beta=0` and no Liger kernel, and replace the advantage estimator. `"ess"`: the
             ESS-adaptive policy loss (P3O, arXiv 1905.01756; `hf_stable.losses.ess`), with `loss_type="dapo"`.
+            `"stable_reinforce"`: PPO-clip on the pre-clipped ratio (StableReinforce, arXiv 2505.02835), with TRL's
+            PPO options.
         reward_weighting (`str`, *optional*, defaults to `"static"`):
             `"static"`, `"hypervolume"`, `"gradient"` (both arXiv 2509.11452), `"ctwa"` (arXiv 2602.06869) or
             `"lagrangian"` (arXiv 2310.04373).
@@ -65,6 +69,9 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
         oblr_adaptive_lr (`bool`, *optional*, defaults to `False`):
             Scale each step's learning rate by `SNR/(1+SNR)` estimated from the micro-batch gradients (OBLR-PO, arXiv
             2511.23310; needs `gradient_accumulation_steps >= 2`). Independent of the estimator.
+        advantage_filter_sigma (`float`, *optional*):
+            StableReinforce's advantage filter (arXiv 2505.02835): the batch's final advantages are standardised
+            (token-weighted) and those beyond this many standard deviations set to 0; 3 is the paper's. `None`: off.
     """
 
     advantage_estimator: str = field(
@@ -73,7 +80,10 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     delta_l_alpha: float | None = field(
         default=None, metadata={"help": "ΔL normalisation exponent (needs loss_type='dr_grpo'); None: off."}
     )
-    loss_mode: str = field(default="ppo", metadata={"help": "Loss mode: 'ppo', 'drpo', 'onpolicy_sft' or 'ess'."})
+    loss_mode: str = field(
+        default="ppo",
+        metadata={"help": "Loss mode: 'ppo', 'drpo', 'onpolicy_sft', 'ess' or 'stable_reinforce'."},
+    )
     reward_weighting: str = field(
         default="static",
         metadata={"help": "Reward-weight controller: 'static', 'hypervolume', 'gradient', 'ctwa' or 'lagrangian'."},
@@ -81,6 +91,9 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     robust_reward: str | None = field(default=None, metadata={"help": "Reward transform: None or 'brme'."})
     stable_rank_reward: bool = field(default=False, metadata={"help": "Append the SR-GRPO stable-rank reward."})
     oblr_adaptive_lr: bool = field(default=False, metadata={"help": "Scale the LR by SNR/(1+SNR) (OBLR-PO)."})
+    advantage_filter_sigma: float | None = field(
+        default=None, metadata={"help": "Standardise the advantages and zero those beyond k sigma; None: off."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,5 +110,6 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     @property
     def replaces_advantages(self) -> bool:
         """Whether the trainer touches TRL's advantages (default config: no, the update is TRL's)."""
-        changed = any(r.active(self) is not None for r in (ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_MODES))
+        replacing = (ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, LOSS_MODES, ADVANTAGE_FILTERS)
+        changed = any(r.active(self) is not None for r in replacing)
         return changed or REWARD_WEIGHTINGS.get(self.reward_weighting).fn.adaptive

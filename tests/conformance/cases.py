@@ -130,6 +130,6 @@ _COMMON_UNHONOURED = {
     "packing": True,
 }
 UNHONOURED_VALUES = {
-    "grpo": {**_COMMON_UNHONOURED, "loss_type": "grpo"},
+    "grpo": {**_COMMON_UNHONOURED, "loss_type": "cispo"},  # every loss-type rule refuses it, the PPO ones too
     "sft": {**_COMMON_UNHONOURED, "loss_type": "dft"},
 }

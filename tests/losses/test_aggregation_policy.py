@@ -40,9 +40,9 @@ def _np(x: torch.Tensor) -> np.ndarray:
 
 def test_registries():
     assert "delta_l" in LOSS_AGGREGATIONS
-    assert set(LOSS_MODES.names()) == {"drpo", "onpolicy_sft", "ess"}
+    assert set(LOSS_MODES.names()) == {"drpo", "onpolicy_sft", "ess", "stable_reinforce"}
     assert LOSS_MODES.get("drpo").fn is DRPOMode and LOSS_MODES.get("onpolicy_sft").fn is OnPolicySFTMode
-    assert LOSS_MODES.choices() == ["ppo", "drpo", "onpolicy_sft", "ess"]
+    assert LOSS_MODES.choices() == ["ppo", "drpo", "onpolicy_sft", "ess", "stable_reinforce"]
 
 
 # =====================================================================================================================

@@ -32,6 +32,7 @@ ALTERNATIVES = {
     "stable_rank_reward": True,
     "oblr_adaptive_lr": True,
     "delta_l_alpha": 1.0,
+    "advantage_filter_sigma": 3.0,
     # shared by the success-counting methods
     "correctness_reward_index": 1,
     "success_threshold": -1.0,
@@ -57,6 +58,7 @@ ALTERNATIVES = {
     "osft_require_eos": False,
     "osft_norm": "constant",
     "ess_level": "sequence",
+    "sr_ratio_bound": 1.05,
     # controllers and transforms
     "ctwa_cov_targets": [0.9, 0.0],
     "ctwa_lambda_lr": 0.5,
@@ -103,6 +105,7 @@ BASES = {
     "drpo_beta": _OFF_POLICY,
     "drpo_kl_type": _OFF_POLICY,
     "ess_level": _OFF_POLICY,
+    "sr_ratio_bound": _OFF_POLICY,
     "brme_heads": {"reward_weights": [1.0, 0.5]},
     # mean length reward ≈ -0.2 is above -0.5: the multiplier rises from the first generation
     "lagrange_thresholds": {"lagrange_thresholds": [None, -0.5], **_TWO_STEPS},
