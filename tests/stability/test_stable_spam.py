@@ -337,3 +337,20 @@ def test_listed_under_stability_optimizer_with_its_paper():
     out = io.StringIO()
     assert list_methods("stability_optimizer", file=out) == {"stability_optimizer": ["stable_spam"]}
     assert "https://arxiv.org/abs/2502.17055" in out.getvalue()
+
+
+def test_a_guard_rollback_restores_the_optimizer_step_count(tmp_path):
+    """With the guard, a rollback restores Stable-SPAM's state with the snapshot (the step count that schedules the
+    resets included), and a step whose gradients the guard dropped is not counted."""
+    from hf_stable.callbacks import FaultInjectionCallback, StabilityGuardCallback
+
+    trainer = _sft(tmp_path, steps=8, stable_spam=True, stable_spam_reset_interval=2, stability_guard=True,
+                   guard_action="rollback", guard_min_history=2, guard_snapshot_every=2, guard_confirm_steps=1,
+                   guard_loss_z=None)  # fmt: skip
+    FaultInjectionCallback.attach(trainer, kind="loss_scale", steps=[6], factor=1e4)
+    trainer.train()
+    (guard,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityGuardCallback)]
+    ((step, _, action, restore),) = [(d.step, d.kind, d.action, d.restore_step) for d in guard.decisions]
+    assert (step, action) == (6, "rollback")
+    # the snapshot holds the state before step `restore`: restore − 1 steps, then steps 7 and 8
+    assert trainer.optimizer.optimizer.total_steps == restore - 1 + 2
