@@ -436,6 +436,13 @@ PAPERS.update(
                 "Zhiyuan and Yuan, Lifan and Ding, Ning and Zhou, Bowen",
             ),
             _arxiv(
+                "stable_spam",
+                "Stable-SPAM: How to Train in 4-Bit More Stably than 16-Bit Adam",
+                "2502.17055",
+                2025,
+                "Huang, Tianjin and others",
+            ),
+            _arxiv(
                 "certified_self_consistency",
                 "Certified Self-Consistency: Statistical Guarantees and Test-Time Training for Reliable Reasoning in "
                 "LLMs",

@@ -19,6 +19,8 @@ _LAZY = {
     "GuardConfig": "stability",
     "ComponentClipConfig": "stability",
     "DegenerateRunConfig": "stability",
+    "StableSPAMCallback": "stability",
+    "StableSPAMConfig": "stability",
     "StableRankMonitorCallback": "monitors",
     "MSignCallback": "monitors",
     "RepresentationDriftCallback": "monitors",

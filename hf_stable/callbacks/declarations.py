@@ -1,13 +1,14 @@
-"""Declarations of the stability detectors and monitors that attach to any transformers/TRL trainer, so that
-`hf-stable list` shows them with their papers. They take their settings as callback arguments, not config fields,
-so they declare no `Field`s; each entry's description names the arguments that turn it on."""
+"""Declarations of the stability detectors, monitors and optimizers that attach to any transformers/TRL trainer, so
+that `hf-stable list` shows them with their papers. Their settings are callback arguments (and, for the optimizers,
+the generated ``stable_spam_*`` config fields of `hf_stable.stability.config`), not registry `Field`s; each entry's
+description names what turns it on."""
 
 from __future__ import annotations
 
 from ..papers import PAPERS
 from ..registry import Registry
 from .monitors import RepresentationDriftCallback
-from .stability import StabilityGuardCallback
+from .stability import StabilityGuardCallback, StableSPAMCallback
 
 
 STABILITY_MONITORS = Registry(
@@ -34,4 +35,18 @@ STABILITY_MONITORS.register(
     ),
 )(RepresentationDriftCallback)
 
-__all__ = ["STABILITY_MONITORS"]
+STABILITY_OPTIMIZERS = Registry(
+    "stability_optimizer", "optimizers for stable training, attached to any Trainer (a config switch on ours)"
+)
+
+STABILITY_OPTIMIZERS.register(
+    "stable_spam",
+    paper=PAPERS["stable_spam"],
+    description=(
+        "stable_spam=True (stable_spam_* fields) or StableSPAMCallback.attach(trainer): the trainer builds the "
+        "Stable-SPAM optimizer (AdamW with spike clipping at the historical max, gradient-norm rescaling, moment "
+        "reset), the same update as the authors' optimizer on the same gradients."
+    ),
+)(StableSPAMCallback)
+
+__all__ = ["STABILITY_MONITORS", "STABILITY_OPTIMIZERS"]

@@ -19,6 +19,7 @@ in `hf_stable.callbacks.stability` and `hf_stable.callbacks.monitors` are the pl
 | `matrix` | stable rank, power iteration, msign (SVD / Newton–Schulz), the MSign correction |
 | `drift` | pairwise distances, Spearman, RDM stability, linear CKA |
 | `reg` | the experimental REG optimizer (row-and-column scaled momentum) |
+| `spam` | the Stable-SPAM optimizer (spike clipping, norm rescaling, moment reset around AdamW) |
 """
 
 from .drift import linear_cka, pairwise_distances, rdm_stability, spearman
@@ -28,6 +29,7 @@ from .nograd import NoGradientError
 from .reg import REG
 from .signals import StabilitySignalsMixin, StepSignals, install_signals
 from .snapshot import Snapshot, SnapshotStore, restore_snapshot, take_snapshot
+from .spam import StableSPAM
 from .stats import GRAD_RULE, LOSS_RULE, LocalLevelFilter, RobustWindow, SpikeRule
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "SnapshotStore",
     "SpikeRule",
     "StabilitySignalsMixin",
+    "StableSPAM",
     "StepSignals",
     "install_signals",
     "linear_cka",

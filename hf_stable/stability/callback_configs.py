@@ -2,7 +2,9 @@
 
 - `GuardConfig` → `StabilityGuardCallback` (config fields ``guard_*``, switched on by ``stability_guard``);
 - `ComponentClipConfig` → `ComponentClipCallback` (``component_clip_*``, on when ``component_clip_max_norm`` is set);
-- `DegenerateRunConfig` → `GRPODegenerateRunCallback` (``degenerate_*``, on with ``degenerate_run_warnings``).
+- `DegenerateRunConfig` → `GRPODegenerateRunCallback` (``degenerate_*``, on with ``degenerate_run_warnings``);
+- `StableSPAMConfig` → `StableSPAMCallback` (``stable_spam_*``, on with ``stable_spam``), which makes the trainer build
+  the `hf_stable.stability.spam.StableSPAM` optimizer.
 
 What each option does is documented on the callback (`hf_stable.callbacks.stability`) and in ``docs/stability.md``.
 """
@@ -18,7 +20,15 @@ from .guard import ACTIONS, ON_EXHAUSTED
 from .options import Options, option
 
 
-__all__ = ["CLIP_GROUPS", "ComponentClipConfig", "DegenerateRunConfig", "GuardConfig"]
+__all__ = [
+    "ADAM_OPTIMS",
+    "CLIP_GROUPS",
+    "ComponentClipConfig",
+    "DegenerateRunConfig",
+    "GuardConfig",
+    "StableSPAMConfig",
+    "stable_spam_host_problems",
+]
 
 CLIP_GROUPS = ("param", "module", "layer")
 
@@ -156,3 +166,52 @@ class DegenerateRunConfig(Options):
     entropy_min: float = option(0.01, "Entropy below which the policy collapsed.", number(low=0))
     kl_max: float = option(2.0, "KL above which the policy has drifted away.", number(low=0))
     name: str = option("degenerate", "Instance name (state in checkpoints).", _name, flag=False)
+
+
+@dataclass(frozen=True)
+class StableSPAMConfig(Options):
+    """Options of `StableSPAMCallback` (Stable-SPAM, arXiv 2502.17055; defaults: the authors' optimizer's)."""
+
+    gamma1: float = option(0.7, "EMA coefficient of the gradient norm's first moment.",
+                           number(low=0, high=1, high_open=True))
+    gamma2: float = option(0.9, "EMA coefficient of the gradient norm's second moment.",
+                           number(low=0, high=1, high_open=True))
+    theta: float = option(0.999, "EMA coefficient of the historical max |g| (the clipping threshold).",
+                          number(low=0, high=1, high_open=True))
+    reset_interval: int = option(1000, "Zero Adam's moments every this many optimizer steps; 0: never.",
+                                 integer(low=0))
+    decay_steps: int | None = option(
+        None, "Cosine decay of beta1 and gamma1 to eta_min over this many steps (the authors set the run's length); "
+        "None: no decay.", integer(low=1, allow_none=True),
+    )
+    eta_min: float = option(0.5, "Momentum scale at the end of decay_steps.", number(low=0, high=1))
+
+    def _check(self) -> None:
+        if self.decay_steps is None and self.eta_min != 0.5:
+            raise ValueError("`eta_min` is the end of the momentum decay and has no effect without `decay_steps`.")
+
+
+# the TrainingArguments `optim` values Stable-SPAM stands in for (the default AdamW, fused or not)
+ADAM_OPTIMS = ("adamw_torch", "adamw_torch_fused")
+
+
+def stable_spam_host_problems(args: Any) -> list[str]:
+    """The TrainingArguments settings Stable-SPAM cannot honour, each with the reason (empty: none)."""
+    problems = []
+    optim = getattr(args, "optim", "adamw_torch")
+    optim = getattr(optim, "value", optim)
+    if optim not in ADAM_OPTIMS:
+        problems.append(
+            f"`optim`={optim!r} would be ignored: Stable-SPAM is the optimizer (an AdamW variant reading "
+            f"learning_rate, adam_beta1, adam_beta2, adam_epsilon and weight_decay); allowed: {', '.join(ADAM_OPTIMS)}"
+        )
+    if getattr(args, "optim_args", None):
+        problems.append("`optim_args` would be ignored: set the stable_spam_* options instead")
+    if getattr(args, "deepspeed", None):
+        problems.append(
+            "`deepspeed`: ZeRO hands the optimizer flattened partitions, so the per-matrix maximum and norm would be "
+            "taken over shards"
+        )
+    if getattr(args, "fsdp", None):
+        problems.append("`fsdp`: the per-matrix maximum and norm would be taken over each rank's shard")
+    return problems

@@ -1,10 +1,11 @@
 """The stability fields of the hf_stable configs, inherited by `StableSFTConfig`, `StableGRPOConfig` (which adds the
 degenerate-run fields) and `UnlearningConfig`.
 
-Three switches are written here (``stability_guard``, ``no_gradient_check``, ``degenerate_run_warnings``); every
-option of a callback family is *generated* from its options class (`hf_stable.stability.callback_configs`), so it is
-declared once: ``guard_<option>`` from `GuardConfig`, ``component_clip_<option>`` from `ComponentClipConfig` (the
-family is on when ``component_clip_max_norm`` is set) and ``degenerate_<option>`` from `DegenerateRunConfig`. The
+Four switches are written here (``stability_guard``, ``stable_spam``, ``no_gradient_check``,
+``degenerate_run_warnings``); every option of a callback family is *generated* from its options class
+(`hf_stable.stability.callback_configs`), so it is declared once: ``guard_<option>`` from `GuardConfig`,
+``component_clip_<option>`` from `ComponentClipConfig` (the family is on when ``component_clip_max_norm`` is set),
+``stable_spam_<option>`` from `StableSPAMConfig` and ``degenerate_<option>`` from `DegenerateRunConfig`. The
 trainer adds the callbacks the config asks for at the end of its ``__init__``
 (`hf_stable.callbacks.stability.add_stability_callbacks`). Everything is off by default except the two detectors,
 which only raise (no gradient at all) or log (degenerate GRPO run), so a default config trains exactly like its TRL
@@ -26,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._validation import check_bool
-from .callback_configs import CLIP_GROUPS, ComponentClipConfig, DegenerateRunConfig, GuardConfig
+from .callback_configs import (
+    CLIP_GROUPS,
+    ComponentClipConfig,
+    DegenerateRunConfig,
+    GuardConfig,
+    StableSPAMConfig,
+    stable_spam_host_problems,
+)
 from .options import changed_fields, check_config_fields, config_field_name, config_fields, options_from
 
 
@@ -36,13 +44,14 @@ __all__ = [
     "DEGENERATE_PREFIX",
     "GRPO_GUARD_DEFAULTS",
     "GUARD_PREFIX",
+    "SPAM_PREFIX",
     "GRPOStabilityConfigMixin",
     "StabilityConfigMixin",
     "guard_kwarg_names",
     "guard_kwargs_to_fields",
 ]
 
-GUARD_PREFIX, CLIP_PREFIX, DEGENERATE_PREFIX = "guard_", "component_clip_", "degenerate_"
+GUARD_PREFIX, CLIP_PREFIX, DEGENERATE_PREFIX, SPAM_PREFIX = "guard_", "component_clip_", "degenerate_", "stable_spam_"
 # A GRPO loss sits around 0 whatever the policy does (group-centred advantages): it carries no spike information, so
 # the guard watches the gradient norm only unless the config says otherwise (`guard_loss_z`).
 GRPO_GUARD_DEFAULTS = {"loss_z": None}
@@ -101,6 +110,7 @@ def _guard_options(config) -> dict[str, Any]:
 
 
 @dataclass
+@config_fields(StableSPAMConfig, SPAM_PREFIX)
 @config_fields(ComponentClipConfig, CLIP_PREFIX, defaults={"max_norm": None})
 @config_fields(GuardConfig, GUARD_PREFIX)
 class StabilityConfigMixin:
@@ -115,6 +125,13 @@ class StabilityConfigMixin:
         metadata={
             "help": "Deprecated (removed in the next release): a dict of StabilityGuardCallback options; set the "
             "guard_* fields instead."
+        },
+    )
+    stable_spam: bool = field(
+        default=False,
+        metadata={
+            "help": "Train with the Stable-SPAM optimizer (spike-aware clipping, gradient-norm normalisation, moment "
+            "reset around AdamW; StableSPAMCallback); off by default."
         },
     )
     no_gradient_check: bool = field(
@@ -148,6 +165,21 @@ class StabilityConfigMixin:
         check_config_fields(self, ComponentClipConfig, CLIP_PREFIX)
         if self.component_clip_max_norm is None:
             self._refuse_when_off(CLIP_PREFIX, "component clipping is off without `component_clip_max_norm`")
+        self._check_stable_spam()
+
+    def _check_stable_spam(self) -> None:
+        check_bool("stable_spam", self.stable_spam)
+        check_config_fields(self, StableSPAMConfig, SPAM_PREFIX)
+        if not self.stable_spam:
+            self._refuse_when_off(SPAM_PREFIX, "`stable_spam` is False")
+            return
+        try:
+            StableSPAMConfig(**options_from(self, StableSPAMConfig, SPAM_PREFIX))
+        except (ValueError, TypeError) as error:
+            raise type(error)(f"stable_spam (fields {SPAM_PREFIX}*): {error}") from None
+        problems = stable_spam_host_problems(self)
+        if problems:
+            raise ValueError(f"stable_spam=True cannot be combined with: {'; '.join(problems)}.")
 
     def _map_guard_kwargs(self) -> None:
         mapped, extras = guard_kwargs_to_fields(self.stability_guard_kwargs)
@@ -171,6 +203,10 @@ class StabilityConfigMixin:
         """The `StabilityGuardCallback` options these fields give (plus the deprecated kwargs without a field)."""
         extras = guard_kwargs_to_fields(self.stability_guard_kwargs or {})[1]
         return {**options_from(self, GuardConfig, GUARD_PREFIX), **extras}
+
+    def stable_spam_options(self) -> dict[str, Any]:
+        """The `StableSPAMCallback` options these fields give."""
+        return options_from(self, StableSPAMConfig, SPAM_PREFIX)
 
     def component_clip_options(self) -> dict[str, Any]:
         """The `ComponentClipCallback` options these fields give."""

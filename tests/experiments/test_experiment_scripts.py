@@ -25,6 +25,7 @@ SCRIPTS = [
     "merge_fw",
     "merge_fisher_rao",
     "merge_wsm",
+    "stability_spam",
 ]
 
 

@@ -9,8 +9,18 @@ import warnings
 import pytest
 
 import hf_stable
-from hf_stable.callbacks import ComponentClipCallback, GRPODegenerateRunCallback, StabilityGuardCallback
-from hf_stable.stability.callback_configs import ComponentClipConfig, DegenerateRunConfig, GuardConfig
+from hf_stable.callbacks import (
+    ComponentClipCallback,
+    GRPODegenerateRunCallback,
+    StabilityGuardCallback,
+    StableSPAMCallback,
+)
+from hf_stable.stability.callback_configs import (
+    ComponentClipConfig,
+    DegenerateRunConfig,
+    GuardConfig,
+    StableSPAMConfig,
+)
 from hf_stable.stability.config import GRPOStabilityConfigMixin, StabilityConfigMixin
 from hf_stable.stability.options import OPTIONS_KEY, config_fields, option
 
@@ -20,6 +30,7 @@ FAMILIES = {
     "guard_": (GuardConfig, StabilityGuardCallback, {"stability_guard": True}),
     "component_clip_": (ComponentClipConfig, ComponentClipCallback, {"component_clip_max_norm": 0.5}),
     "degenerate_": (DegenerateRunConfig, GRPODegenerateRunCallback, {}),
+    "stable_spam_": (StableSPAMConfig, StableSPAMCallback, {"stable_spam": True, "optim": "adamw_torch"}),
 }
 # a valid value other than the default, for every generated field: a new option without one fails below
 ALTERNATIVES = {
@@ -55,11 +66,18 @@ ALTERNATIVES = {
     "degenerate_clipped_ratio_min": 0.5,
     "degenerate_entropy_min": 0.1,
     "degenerate_kl_max": 1.0,
+    "stable_spam_gamma1": 0.5,
+    "stable_spam_gamma2": 0.99,
+    "stable_spam_theta": 0.9,
+    "stable_spam_reset_interval": 10,
+    "stable_spam_decay_steps": 100,
+    "stable_spam_eta_min": 0.2,
 }
 # what a field needs besides itself to be valid and reach its callback
 NEEDS = {
     "guard_clip_norm": {"max_grad_norm": 0.0},
     "component_clip_then_global_max_norm": {"max_grad_norm": 0.0},
+    "stable_spam_eta_min": {"stable_spam_decay_steps": 100},
 }
 
 

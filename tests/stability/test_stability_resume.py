@@ -25,6 +25,8 @@ CALLBACKS = {
     "guard": dict(stability_guard=True, guard_action="rollback", guard_min_history=2, guard_snapshot_every=3,
                   guard_confirm_steps=1, guard_loss_z=None),
     "clip": dict(component_clip_max_norm=0.05),
+    # moments reset at steps 3, 6 and 9, the momentum decays over the run: the optimizer's state crosses the resume
+    "stable_spam": dict(stable_spam=True, stable_spam_reset_interval=3, stable_spam_decay_steps=STEPS),
     "clip_adaptive": dict(component_clip_max_norm=0.05, component_clip_mode="adaptive",
                           component_clip_adaptive_warmup_steps=2),
 }  # fmt: skip

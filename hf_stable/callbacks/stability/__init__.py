@@ -23,6 +23,7 @@ Where each callback acts in the transformers loop (per optimizer step): micro-ba
 |---|---|
 | `guard` (+ `guard_extras`: probe, DeepSpeed, log lines) | `StabilityGuardCallback` |
 | `clip` | `ComponentClipCallback` |
+| `spam` | `StableSPAMCallback` (the Stable-SPAM optimizer, `hf_stable.stability.spam`) |
 | `detectors` | `NoGradientCallback`, `GRPODegenerateRunCallback` |
 | `faults` | `FaultInjectionCallback` |
 | `attach` | `add_stability_callbacks` (what an hf_stable config asks for) |
@@ -31,7 +32,7 @@ Where each callback acts in the transformers loop (per optimizer step): micro-ba
 Docs: ``docs/stability.md`` (algorithm, metrics, DeepSpeed/FSDP limits, measured results).
 """
 
-from ...stability.callback_configs import ComponentClipConfig, DegenerateRunConfig, GuardConfig
+from ...stability.callback_configs import ComponentClipConfig, DegenerateRunConfig, GuardConfig, StableSPAMConfig
 from ...stability.nograd import NoGradientError
 from ._common import (  # noqa: F401 (the private names: `hf_stable.callbacks.monitors` builds on them)
     TrainingDivergedError,
@@ -46,6 +47,7 @@ from .clip import ComponentClipCallback
 from .detectors import GRPODegenerateRunCallback, NoGradientCallback
 from .faults import FaultInjectionCallback
 from .guard import StabilityGuardCallback
+from .spam import StableSPAMCallback
 
 
 __all__ = [
@@ -58,6 +60,8 @@ __all__ = [
     "NoGradientCallback",
     "NoGradientError",
     "StabilityGuardCallback",
+    "StableSPAMCallback",
+    "StableSPAMConfig",
     "TrainingDivergedError",
     "add_stability_callbacks",
 ]

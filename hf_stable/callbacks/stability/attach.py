@@ -5,12 +5,13 @@ from __future__ import annotations
 import warnings
 
 from ..._validation import check_bool
-from ...stability.callback_configs import ComponentClipConfig, DegenerateRunConfig, GuardConfig
-from ...stability.config import CLIP_PREFIX, DEGENERATE_PREFIX, GUARD_PREFIX, guard_kwargs_to_fields
+from ...stability.callback_configs import ComponentClipConfig, DegenerateRunConfig, GuardConfig, StableSPAMConfig
+from ...stability.config import CLIP_PREFIX, DEGENERATE_PREFIX, GUARD_PREFIX, SPAM_PREFIX, guard_kwargs_to_fields
 from ...stability.options import generated_fields, options_from
 from .clip import ComponentClipCallback
 from .detectors import GRPODegenerateRunCallback, NoGradientCallback
 from .guard import StabilityGuardCallback
+from .spam import StableSPAMCallback
 
 
 def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -> None:
@@ -21,6 +22,8 @@ def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -
       whose loss sits around 0 and carries no spike information); the deprecated ``stability_guard_kwargs`` (a dict
       of options) still overrides them for one release;
     * ``component_clip_max_norm`` (float or None) → `ComponentClipCallback` with the ``component_clip_*`` fields;
+    * ``stable_spam`` (bool, default False) → `StableSPAMCallback` (the Stable-SPAM optimizer) with the
+      ``stable_spam_*`` fields;
     * ``no_gradient_check`` (bool, default True) → `NoGradientCallback`;
     * ``degenerate_run_warnings`` (bool, default True; GRPO configs only) → `GRPODegenerateRunCallback` with the
       ``degenerate_*`` fields.
@@ -50,6 +53,9 @@ def add_stability_callbacks(trainer, args, guard_defaults: dict | None = None) -
         raise ValueError("`stability_guard_kwargs` is set but `stability_guard` is False: they would be ignored.")
     if getattr(args, "component_clip_max_norm", None) is not None:
         ComponentClipCallback.attach(trainer, **options_from(args, ComponentClipConfig, CLIP_PREFIX))
+    if getattr(args, "stable_spam", False):
+        check_bool("stable_spam", args.stable_spam)
+        StableSPAMCallback.attach(trainer, **options_from(args, StableSPAMConfig, SPAM_PREFIX))
     if getattr(args, "degenerate_run_warnings", False):
         check_bool("degenerate_run_warnings", args.degenerate_run_warnings)
         GRPODegenerateRunCallback.attach(trainer, **options_from(args, DegenerateRunConfig, DEGENERATE_PREFIX))

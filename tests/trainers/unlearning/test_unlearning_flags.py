@@ -70,6 +70,7 @@ ALTERNATIVES = {
     "stability_guard_kwargs": {"guard_clip_norm": 1e-4},
     "component_clip_max_norm": 1e-3,
     "component_clip_groups": "layer",
+    "stable_spam": True,
 }
 
 # Fields whose effect is on a report or the logs, not on the weights: the case checks that observable instead.
@@ -118,6 +119,7 @@ BASES = {
     "collapse_restore_best": {**_TRIPS, "collapse_retain_factor": 1e-9},
     "relearn_probe_lr": {"relearn_probe_steps": 2},
     "stability_guard_kwargs": {"stability_guard": True},
+    "stable_spam": {"optim": "adamw_torch", "learning_rate": 1e-3, "max_steps": 3},  # AdamW's first step is sign(g)
     "component_clip_groups": {"component_clip_max_norm": 1e-3},
     "relearn_probe_fraction": {"relearn_probe_steps": 2},
 }
