@@ -79,6 +79,12 @@ ROWS = (
       also=("grpo_toy_bandits",)),
     R("loss_mode", "onpolicy_sft", "on-policy SFT shortens answers without losing accuracy", "grpo_length",
       claim=("b",)),
+    R("loss_mode", "stable_reinforce", "the pre-clipped ratio keeps RL stable where PPO's ratio blows up",
+      why="needs an off-policy phenomenon with exploding ratios on the RL testbed; not run yet"),
+    R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL",
+      why="no experiment yet"),
+    R("reward_function", "stable_reinforce_reward", "the consistency term makes the policy's reasoning agree with "
+      "its answer", why="needs a judge model and free-text reasoning; the RL testbed has neither"),
     R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably",
       why="no testbed generates off-policy data yet"),
     R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
@@ -123,6 +129,8 @@ ROWS = (
       controls=("b",)),
     R("merge_method", "wsm", "merging constant-LR checkpoints matches a real LR decay", "merge_wsm", claim=("a",)),
     # stability
+    R("stability_optimizer", "stable_spam", "Stable-SPAM damps a gradient spike before it lands, at no cost on a "
+      "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1", "S3")),
     R("stability_monitor", "innovation_probe", "the innovation probe flags instability before the loss does",
       why="no experiment yet"),
     R("stability_monitor", "representation_drift", "representation drift predicts degraded steerability",
