@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import choice, number
 from hf_stable.merging import rng
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, Param, _per_model, choice, number
+from .base import MERGE_METHODS, _per_model
 from .ties import GeneralizedTaskArithmetic
 
 
@@ -67,7 +69,7 @@ class _RandomMethod(GeneralizedTaskArithmetic):
 class _DareMethod(_RandomMethod):
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param(
+        Field(
             "rescale_norm",
             "l1",
             "What `rescale` preserves: `l1` (the L1 norm, mergekit 0.1.5) or `inverse_density` (kept / density, the "
@@ -123,7 +125,9 @@ class _DellaMethod(_RandomMethod):
     row_local = True
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param("epsilon", 0.15, "Spread of the keep probability around density.", number(low=0, high=1), True),
+        Field(
+            "epsilon", 0.15, "Spread of the keep probability around density.", number(low=0, high=1), per_model=True
+        ),
     )
 
     def _validate(self, params, n_models, has_base):

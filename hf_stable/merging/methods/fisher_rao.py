@@ -13,18 +13,22 @@ normalised when `normalize_weights`, unit vectors `x / (‖x‖ + eps)`, task ve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from hf_stable._validation import boolean, choice, integer, number
 from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients, norms_from_gram
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, SPACES, WEIGHT, GramMethod, Param, boolean, choice, integer, number
+from .base import MERGE_METHODS, SPACES, WEIGHT, GramMethod
 
 
-_SPACE = Param("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
-_NORM = Param("norm", "weighted_mean", "Norm restored on the merged direction.", choice(*NORM_MODES))
-_EPS = Param("eps", 1e-12, "Inputs with a smaller norm are dropped.", number(low=0))
-_GRANULARITY = Param("granularity", "tensor", "One block per named tensor (the only one built).", choice("tensor"))
+_SPACE = Field("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
+_NORM = Field("norm", "weighted_mean", "Norm restored on the merged direction.", choice(*NORM_MODES))
+_EPS = Field("eps", 1e-12, "Inputs with a smaller norm are dropped.", number(low=0))
+_GRANULARITY = Field("granularity", "tensor", "One block per named tensor (the only one built).", choice("tensor"))
 
 
 class FisherRaoMethod(GramMethod):
@@ -40,11 +44,11 @@ class FisherRaoMethod(GramMethod):
     params = (
         WEIGHT,
         _SPACE,
-        Param("solver", "karcher", "Karcher iteration or a norm-restored Euclidean baseline.", choice(*SOLVERS)),
+        Field("solver", "karcher", "Karcher iteration or a norm-restored Euclidean baseline.", choice(*SOLVERS)),
         _NORM,
-        Param("max_iter", 50, "Iteration cap of the Karcher solver.", integer(low=0)),
-        Param("tol", 1e-7, "Stop when the Riemannian gradient norm is below this (radians).", number(low=0)),
-        Param("step", 1.0, "Initial step η of the exponential map.", number(low=0, high=1, low_open=True)),
+        Field("max_iter", 50, "Iteration cap of the Karcher solver.", integer(low=0)),
+        Field("tol", 1e-7, "Stop when the Riemannian gradient norm is below this (radians).", number(low=0)),
+        Field("step", 1.0, "Initial step η of the exponential map.", number(low=0, high=1, low_open=True)),
         _EPS,
         _GRANULARITY,
     )
@@ -128,8 +132,8 @@ class MultiSlerpMethod(GramMethod):
     base = "optional"
     params = (
         WEIGHT,
-        Param("normalize_weights", True, "Normalise the weights to sum to 1.", boolean),
-        Param("eps", 1e-8, "Added to the norms before normalising.", number(low=0)),
+        Field("normalize_weights", True, "Normalise the weights to sum to 1.", boolean()),
+        Field("eps", 1e-8, "Added to the norms before normalising.", number(low=0)),
     )
 
     def coefficients(self, gram, weights, params):
@@ -155,7 +159,7 @@ class KarcherMethod(FisherRaoMethod):
 
     ignores_weight = True  # mergekit 0.1.5's karcher averages uniformly: a weight is accepted, warned, unused
     params = tuple(
-        Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
+        replace(p, default={"max_iter": 10, "tol": 1e-5}.get(p.name, p.default))
         for p in FisherRaoMethod.params
         if p.name != "weight"
     )

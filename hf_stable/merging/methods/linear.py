@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, _per_model, boolean, number, round_
+from .base import MERGE_METHODS, WEIGHT, GramMethod, _per_model, round_
 
 
 def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -37,7 +39,7 @@ class LinearMethod(GramMethod):
     """Weighted average of the inputs (Wortsman et al. 2022, arXiv 2203.05482). Params: `weight`, `normalize`."""
 
     default_name = "linear"
-    params = (WEIGHT, Param("normalize", True, "Divide by the weight sum.", boolean))
+    params = (WEIGHT, Field("normalize", True, "Divide by the weight sum.", boolean()))
 
     rounded = True
 
@@ -74,7 +76,7 @@ class PassthroughMethod(GramMethod):
 
     default_name = "passthrough"
     max_models = 1
-    params = (Param("scale", None, "Multiply the tensor by this factor.", number(), per_model=True),)
+    params = (Field("scale", None, "Multiply the tensor by this factor.", number(), per_model=True),)
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False

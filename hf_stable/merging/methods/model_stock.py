@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, GramMethod, Param, boolean
+from .base import MERGE_METHODS, ElementwiseMethod, GramMethod
 
 
 def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
@@ -44,7 +46,7 @@ class ModelStockMethod(ElementwiseMethod, GramMethod):
     default_name = "model_stock"
     base = "task_vector"
     min_models = 2
-    params = (Param("filter_wise", False, "One angle per row instead of per tensor.", boolean),)
+    params = (Field("filter_wise", False, "One angle per row instead of per tensor.", boolean()),)
 
     def kind_for(self, params) -> str:
         return "elementwise" if self.resolve(params)["filter_wise"] else "gram"

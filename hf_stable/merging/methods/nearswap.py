@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, number, round_
+from hf_stable._validation import number
+from hf_stable.registry import Field
+
+from .base import MERGE_METHODS, ElementwiseMethod, round_
 
 
 @MERGE_METHODS.register(
@@ -32,7 +35,7 @@ class NearSwapMethod(ElementwiseMethod):
     base = "endpoint"
     min_models = 2
     max_models = 2
-    params = (Param("t", None, "Distance below which the other model's entry is taken.", number(low=0)),)
+    params = (Field("t", None, "Distance below which the other model's entry is taken.", number(low=0)),)
 
     def _validate(self, params, n_models, has_base):
         if params["t"] is None:

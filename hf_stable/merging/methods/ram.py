@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, number, round_
+from .base import MERGE_METHODS, ElementwiseMethod, round_
 
 
-_EPSILON = Param("epsilon", 1e-5, "A task-vector entry contributes where its magnitude exceeds this.", number(low=0))
+_EPSILON = Field("epsilon", 1e-5, "A task-vector entry contributes where its magnitude exceeds this.", number(low=0))
 
 
 def _contributions(v: torch.Tensor, epsilon: float, cdt) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,8 +87,8 @@ class RamPlusMethod(_RamBase):
     default_name = "ramplus_tl"
     float32_result = True
     params = (
-        Param("r", 0.1, "Rescale strength of the unique entries.", number()),
-        Param("alpha", 0.2, "Cap of the shared/unique ratio.", number(low=0)),
+        Field("r", 0.1, "Rescale strength of the unique entries.", number()),
+        Field("alpha", 0.2, "Cap of the shared/unique ratio.", number(low=0)),
         _EPSILON,
     )
 

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, boolean, number
+from .base import MERGE_METHODS, ElementwiseMethod
 
 
 def sce_combine(tv: torch.Tensor, select_topk: float) -> torch.Tensor:
@@ -60,8 +62,8 @@ class SceMethod(ElementwiseMethod):
     whole_tensor = True
     ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight on sce and ignores it
     params = (
-        Param("select_topk", 1.0, "Fraction of positions (by variance across models) kept.", number(low=0, high=1)),
-        Param("int8_mask", False, "mergekit's memory option for its masks (no effect on the values).", boolean),
+        Field("select_topk", 1.0, "Fraction of positions (by variance across models) kept.", number(low=0, high=1)),
+        Field("int8_mask", False, "mergekit's memory option for its masks (no effect on the values).", boolean()),
     )
 
     def combine(self, v, weights, params, *, cdt=None, **kw):

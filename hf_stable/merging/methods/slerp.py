@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.merging.gram import slerp_coefficients
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, Param, boolean, number, warn_ignored
+from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, warn_ignored
 
 
 def _t_from_weights(weights, *, cancel_tol: float | None = None) -> float:
@@ -50,8 +52,8 @@ class SlerpMethod(GramMethod):
     base = "endpoint"
     params = (
         WEIGHT,
-        Param("t", None, "Interpolation position from the base (0) to the other model (1).", number()),
-        Param("allow_extrapolation", False, "Accept t outside [0, 1].", boolean),
+        Field("t", None, "Interpolation position from the base (0) to the other model (1).", number()),
+        Field("allow_extrapolation", False, "Accept t outside [0, 1].", boolean()),
     )
     min_models = 2
     max_models = 2
@@ -124,8 +126,8 @@ class NuSlerpMethod(ElementwiseMethod, GramMethod):
     max_models = 2
     params = (
         WEIGHT,
-        Param("nuslerp_flatten", True, "One angle per tensor (else per row or column).", boolean),
-        Param("nuslerp_row_wise", False, "Without flattening: one angle per column instead of per row.", boolean),
+        Field("nuslerp_flatten", True, "One angle per tensor (else per row or column).", boolean()),
+        Field("nuslerp_row_wise", False, "Without flattening: one angle per column instead of per row.", boolean()),
     )
 
     def kind_for(self, params) -> str:

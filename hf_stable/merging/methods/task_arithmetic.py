@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, boolean, number
+from .base import MERGE_METHODS, WEIGHT, GramMethod
 
 
 def task_arithmetic_coefficients(weights: torch.Tensor, lam: float = 1.0, normalize: bool = False) -> torch.Tensor:
@@ -36,8 +38,8 @@ class TaskArithmeticMethod(GramMethod):
     base = "task_vector"
     params = (
         WEIGHT,
-        Param("lambda", 1.0, "Scale of the summed task vectors.", number()),
-        Param("normalize", False, "Divide by the weight sum.", boolean),
+        Field("lambda", 1.0, "Scale of the summed task vectors.", number()),
+        Field("normalize", False, "Divide by the weight sum.", boolean()),
     )
 
     rounded = True

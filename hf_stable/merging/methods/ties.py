@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
 from ..ties_ops import disjoint_add, disjoint_mean, elect, keep_at_least, keep_count
 from ..ties_ops import previous_float as previous_float  # importable from here, as before the move
 from ..ties_ops import trim as trim  # importable from here, as before the move
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, Param, _per_model, boolean, number, round_
+from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, _per_model, round_
 
 
 L1_EPS = 1e-7  # mergekit `rescaled_masked_tensor`: no rescale when either L1 norm is below this
@@ -149,24 +152,20 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
     default_rescale = False
     params = (
         WEIGHT,
-        Param("density", 1.0, "Fraction of each task vector kept.", number(low=0, high=1, low_open=True), True),
-        Param("lambda", 1.0, "Scale of the merged task vector.", number()),
-        Param("normalize", True, "Divide by the (agreeing) weight sum.", boolean),
-        Param("rescale", False, "Rescale kept entries to the task vector's L1 norm (mergekit 0.1.5).", boolean),
-        Param("int8_mask", False, "mergekit's int8 sign mask (a memory option; no effect here).", boolean),
+        Field(
+            "density", 1.0, "Fraction of each task vector kept.", number(low=0, high=1, low_open=True), per_model=True
+        ),
+        Field("lambda", 1.0, "Scale of the merged task vector.", number()),
+        Field("normalize", True, "Divide by the (agreeing) weight sum.", boolean()),
+        Field("rescale", False, "Rescale kept entries to the task vector's L1 norm (mergekit 0.1.5).", boolean()),
+        Field("int8_mask", False, "mergekit's int8 sign mask (a memory option; no effect here).", boolean()),
     )
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # The defaults of `normalize`/`rescale` differ per method (mergekit's registry entries).
-        cls.params = tuple(
-            Param(p.name, cls.default_normalize, p.help, p.check, p.per_model)
-            if p.name == "normalize"
-            else Param(p.name, cls.default_rescale, p.help, p.check, p.per_model)
-            if p.name == "rescale"
-            else p
-            for p in cls.params
-        )
+        defaults = {"normalize": cls.default_normalize, "rescale": cls.default_rescale}
+        cls.params = tuple(replace(p, default=defaults[p.name]) if p.name in defaults else p for p in cls.params)
 
     def densities(self, params: Mapping[str, Any], n_models: int) -> tuple[float, ...] | None:
         d = _per_model(self.resolve(params)["density"], n_models, "density", self.name)
@@ -267,7 +266,7 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
     default_normalize = False
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param("gamma", 0.01, "Fraction of largest-|τ| outliers removed.", number(low=0, high=1), True),
+        Field("gamma", 0.01, "Fraction of largest-|τ| outliers removed.", number(low=0, high=1), per_model=True),
     )
 
     def ranks(self, params, n_models, numel):

@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, GramMethod, Param, number
+from .base import MERGE_METHODS, GramMethod
 
 
 def wsm_coefficients(n_models: int, schedule: Any = "1-sqrt", quadrature: str = "mid", floor: float = 0.0):
@@ -57,9 +59,9 @@ class WSMMethod(GramMethod):
 
     default_name = "wsm"
     params = (
-        Param("schedule", "1-sqrt", "Decay curve emulated by the merge.", _schedule_check),
-        Param("quadrature", "mid", "Where each interval samples the curve.", _quadrature_check),
-        Param("floor", 0.0, "Lowest relative learning rate of the curve.", number(low=0, high=1)),
+        Field("schedule", "1-sqrt", "Decay curve emulated by the merge.", _schedule_check),
+        Field("quadrature", "mid", "Where each interval samples the curve.", _quadrature_check),
+        Field("floor", 0.0, "Lowest relative learning rate of the curve.", number(low=0, high=1)),
     )
 
     def _validate(self, params, n_models, has_base):
