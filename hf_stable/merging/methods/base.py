@@ -13,9 +13,10 @@ Two kinds of methods (see `docs/merging.md`, "How the engine streams"):
   counter-based RNG keyed on the flat element index, `hf_stable.merging.rng`). `row_local` methods (DELLA's ranks
   within a row, per-row SLERP, filter-wise model stock) see whole logical rows in every chunk.
 
-A method is declared once, on its class: its parameters (`hf_stable.registry.Field`, the declaration the trainer
-methods' config fields use: default, a validator from `hf_stable._validation`, one value per model or not),
-what it does with a base model (`base`), how many inputs it takes, its paper (on the `MERGE_METHODS` registration).
+A method is declared once, on its class (`@merge_method(name, paper)`): its parameters (`hf_stable.registry.Field`,
+the declaration the trainer methods' config fields use: default, a validator from `hf_stable._validation`, one value
+per model or not), what it does with a base model (`base`), how many inputs it takes, its paper (on the registration)
+and, in the first paragraph of its docstring, what it does in one line.
 Config, planner, engine, card and the parameter-effect test all read these declarations.
 
 Registry convention: `MERGE_METHODS.get(name).fn` is a zero-argument factory (the method class, or a partial of
@@ -24,8 +25,9 @@ it for aliases); `get_merge_method(name)` calls it and returns a `MergeMethod` i
 
 from __future__ import annotations
 
+import inspect
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -41,6 +43,9 @@ MERGE_METHODS = Registry(
 )
 
 SPACES = ("weights", "task_vector")
+
+# Where mergekit documents its methods: the reference of the methods that have no paper.
+MERGEKIT_METHODS_URL = "https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md"
 
 # What a method does with `base_model`:
 #   "unused"       - weights-space method; the base is not an input (a base given in the recipe is not read);
@@ -183,6 +188,23 @@ class MergeMethod:
 
     def _validate(self, params: dict[str, Any], n_models: int, has_base: bool) -> None:
         """Method-specific checks on resolved params (cross-parameter rules)."""
+
+
+def merge_method(name: str, paper: Any, **registration: Any) -> Callable[[type[MergeMethod]], type[MergeMethod]]:
+    """Class decorator declaring a merge method: registers the class in `MERGE_METHODS` under `name`, which becomes
+    its `default_name`, with its paper; the first paragraph of its docstring is the one-line description (model
+    card, docs). `registration`: further `Registry.register` keywords, e.g. `url` for a method without an arXiv paper.
+    """
+
+    def register(cls: type[MergeMethod]) -> type[MergeMethod]:
+        if not cls.__doc__:  # its own (`__doc__` is not inherited): a parent's docstring describes another method
+            raise TypeError(f"merge method {name!r} ({cls.__name__}) needs a docstring: its first line describes it.")
+        summary = " ".join(inspect.cleandoc(cls.__doc__).split("\n\n", 1)[0].split())
+        MERGE_METHODS.register(name, paper=paper, description=summary, **registration)(cls)
+        cls.default_name = name
+        return cls
+
+    return register
 
 
 def round_(x: torch.Tensor, cdt: torch.dtype | None) -> torch.Tensor:

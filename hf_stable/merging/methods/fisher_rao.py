@@ -22,7 +22,7 @@ from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients, no
 from hf_stable.papers import PAPERS
 from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, SPACES, WEIGHT, GramMethod
+from .base import SPACES, WEIGHT, GramMethod, merge_method
 
 
 _SPACE = Field("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
@@ -32,13 +32,13 @@ _GRANULARITY = Field("granularity", "tensor", "One block per named tensor (the o
 
 
 class FisherRaoMethod(GramMethod):
-    """Fisher–Rao / Karcher merge (Wang, Ye, Yin 2026, arXiv 2603.04972).
+    """Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64).
 
-    Params: `weight` (≥ 0), `space`, `solver` (`karcher` | `nre` | `nre_unit`), `norm`, `max_iter` (50), `tol`
-    (1e-7 rad), `step` (1.0), `eps` (1e-12: inputs with a smaller norm are dropped), `granularity` (`tensor`).
+    Fisher–Rao / Karcher merge (Wang, Ye, Yin 2026, arXiv 2603.04972). Params: `weight` (≥ 0), `space`, `solver`
+    (`karcher` | `nre` | `nre_unit`), `norm`, `max_iter` (50), `tol` (1e-7 rad), `step` (1.0), `eps` (1e-12: inputs
+    with a smaller norm are dropped), `granularity` (`tensor`).
     """
 
-    default_name = "fisher_rao"
     base = "by_space"
     fixed_solver: str | None = None
     params = (
@@ -76,16 +76,20 @@ class _NREMethod(FisherRaoMethod):
 
 
 class NREMethod(_NREMethod):
-    """Norm-restored Euclidean: `s · Σα x / ‖Σα x‖` (the baseline of Wang, Ye, Yin 2026, arXiv 2603.04972)."""
+    """Norm-restored Euclidean: weighted average rescaled to the weighted mean norm.
 
-    default_name = "nre"
+    `s · Σα x / ‖Σα x‖`, the baseline of Wang, Ye, Yin 2026 (arXiv 2603.04972).
+    """
+
     fixed_solver = "nre"
 
 
 class NREUnitMethod(_NREMethod):
-    """Normalised mean of unit directions times `s` (the Karcher initialisation)."""
+    """Normalised weighted mean of unit directions rescaled.
 
-    default_name = "nre_unit"
+    `s` times the normalised mean of the unit directions (the Karcher initialisation).
+    """
+
     fixed_solver = "nre_unit"
 
 
@@ -118,17 +122,17 @@ def multislerp_coefficients(
     return (w * r).sum() * a / m_norm
 
 
-@MERGE_METHODS.register(
+@merge_method(
     "multislerp",
-    paper="Goddard 2025, Multi-SLERP (blog post; no paper)",
+    "Goddard 2025, Multi-SLERP (blog post; no paper)",
     url="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
-    description="Normalised weighted mean of unit directions times the weighted mean norm (mergekit multislerp).",
 )
 class MultiSlerpMethod(GramMethod):
-    """mergekit's Multi-SLERP. Params: `weight`, `normalize_weights` (true), `eps` (1e-8). Task vectors when a base
+    """Normalised weighted mean of unit directions times the weighted mean norm (mergekit multislerp).
+
+    mergekit's Multi-SLERP. Params: `weight`, `normalize_weights` (true), `eps` (1e-8). Task vectors when a base
     model is given."""
 
-    default_name = "multislerp"
     base = "optional"
     params = (
         WEIGHT,
@@ -142,11 +146,11 @@ class MultiSlerpMethod(GramMethod):
 
 
 class KarcherMethod(FisherRaoMethod):
-    """mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
+    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).
+
+    mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
     `tol` 1e-5) and its uniform weights (a recipe's per-model weights are ignored with a warning, as mergekit
     ignores them), so a mergekit recipe gives mergekit's result; `fisher_rao` honours weights."""
-
-    default_name = "karcher"
 
     def coefficients(self, gram, weights, params):
         """mergekit 0.1.5 `karcher_merge_method`: α = 1/N for every input, whatever the recipe's weights."""
@@ -165,20 +169,8 @@ class KarcherMethod(FisherRaoMethod):
     )
 
 
-_FR = "Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64)."
-MERGE_METHODS.register("fisher_rao", paper=PAPERS["fisher_rao_merging"], description=_FR)(FisherRaoMethod)
-MERGE_METHODS.register(
-    "karcher",
-    paper=PAPERS["fisher_rao_merging"],
-    description="fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).",
-)(KarcherMethod)
-MERGE_METHODS.register(
-    "nre",
-    paper=PAPERS["fisher_rao_merging"],
-    description="Norm-restored Euclidean: weighted average rescaled to the weighted mean norm.",
-)(NREMethod)
-MERGE_METHODS.register(
-    "nre_unit",
-    paper=PAPERS["fisher_rao_merging"],
-    description="Normalised weighted mean of unit directions rescaled.",
-)(NREUnitMethod)
+# registered here, after multislerp, so the listing keeps its order
+merge_method("fisher_rao", PAPERS["fisher_rao_merging"])(FisherRaoMethod)
+merge_method("karcher", PAPERS["fisher_rao_merging"])(KarcherMethod)
+merge_method("nre", PAPERS["fisher_rao_merging"])(NREMethod)
+merge_method("nre_unit", PAPERS["fisher_rao_merging"])(NREUnitMethod)

@@ -36,7 +36,7 @@ from hf_stable.registry import Field
 from ..ties_ops import disjoint_add, disjoint_mean, elect, keep_at_least, keep_count
 from ..ties_ops import previous_float as previous_float  # importable from here, as before the move
 from ..ties_ops import trim as trim  # importable from here, as before the move
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, _per_model, round_
+from .base import WEIGHT, ElementwiseMethod, _per_model, merge_method, round_
 
 
 L1_EPS = 1e-7  # mergekit `rescaled_masked_tensor`: no rescale when either L1 norm is below this
@@ -243,19 +243,16 @@ class _MagnitudeMethod(GeneralizedTaskArithmetic):
         return torch.argsort(w, descending=True)[:k]
 
 
-@MERGE_METHODS.register(
-    "ties",
-    paper=PAPERS["ties"],
-    description="Trim to density by magnitude, elect sign (sum), disjoint weighted mean of task vectors.",
-)
+@merge_method("ties", PAPERS["ties"])
 class TiesMethod(_MagnitudeMethod):
-    """TIES-merging (Yadav et al. 2023, arXiv 2306.01708).
+    """Trim to density by magnitude, elect sign (sum), disjoint weighted mean of task vectors.
+
+    TIES-merging (Yadav et al. 2023, arXiv 2306.01708).
 
     Params: `weight` and `density` (one per model), `lambda`, `normalize` (true), `rescale` (false; true scales the
     kept entries to the task vector's L1 norm), `int8_mask`.
     """
 
-    default_name = "ties"
 
 
 class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
@@ -316,28 +313,23 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
         return torch.sort(w, descending=False).indices[n_bot : n_bot + k]
 
 
-@MERGE_METHODS.register(
-    "breadcrumbs",
-    paper=PAPERS["breadcrumbs"],
-    description="Drop the largest outliers (gamma) and the smallest entries (keep density), weighted sum.",
-)
+@merge_method("breadcrumbs", PAPERS["breadcrumbs"])
 class BreadcrumbsMethod(_BreadcrumbsMethod):
-    """Model Breadcrumbs (Davari & Belilovsky 2023, arXiv 2312.06795): magnitude-outlier masks, no sign consensus.
+    """Drop the largest outliers (gamma) and the smallest entries (keep density), weighted sum.
+
+    Model Breadcrumbs (Davari & Belilovsky 2023, arXiv 2312.06795): magnitude-outlier masks, no sign consensus.
 
     Params: `weight`, `density`, `gamma` (0.01; one per model), `lambda`, `normalize` (false), `rescale` (false).
     """
 
-    default_name = "breadcrumbs"
     consensus = False
 
 
-@MERGE_METHODS.register(
-    "breadcrumbs_ties",
-    paper=PAPERS["breadcrumbs"],
-    description="Model Breadcrumbs masks with TIES sign consensus.",
-)
+@merge_method("breadcrumbs_ties", PAPERS["breadcrumbs"])
 class BreadcrumbsTiesMethod(_BreadcrumbsMethod):
-    """Model Breadcrumbs masks + TIES sign election (arXiv 2312.06795, arXiv 2306.01708)."""
+    """Model Breadcrumbs masks with TIES sign consensus.
 
-    default_name = "breadcrumbs_ties"
+    Davari & Belilovsky 2023 (arXiv 2312.06795) with TIES's sign election (Yadav et al. 2023, arXiv 2306.01708).
+    """
+
     consensus = True
