@@ -142,43 +142,38 @@ def check_pattern(name: str, value: Any, *, allow_none: bool = True, where: str 
         raise ValueError(f"{_prefix(name, where)}={value!r} is not a valid regular expression: {e}.") from None
 
 
-def number(**bounds) -> Check:
-    """A check for a number field, e.g. ``number(low=0, high=0.5, high_open=True)``."""
+def _bound(check_fn: Callable[..., None], describe: str, *args: Any, parse: type | None = None, **kwargs) -> Check:
+    """``check_fn`` with its constraints bound: ``check(name, value, where=None)``. ``check.describe`` says what is
+    allowed (for docs); ``check.parse``, where set, is the number type a value written as a string is read as (a merge
+    recipe's ``"1e-5"``, `hf_stable.registry.Field.parse`)."""
 
     def check(name: str, value: Any, where: str | None = None) -> None:
-        check_number(name, value, where=where, **bounds)
+        check_fn(name, value, *args, where=where, **kwargs)
 
-    check.describe = _bounds(  # type: ignore[attr-defined]
+    check.describe = describe  # type: ignore[attr-defined]
+    if parse is not None:
+        check.parse = parse  # type: ignore[attr-defined]
+    return check
+
+
+def number(**bounds) -> Check:
+    """A check for a number field, e.g. ``number(low=0, high=0.5, high_open=True)``."""
+    interval = _bounds(
         bounds.get("low"), bounds.get("high"), bounds.get("low_open", False), bounds.get("high_open", False)
     )
-    return check
+    return _bound(check_number, interval, parse=float, **bounds)
 
 
 def choice(*allowed: Any) -> Check:
     """A check for a choice field, e.g. ``choice("mean", "none")``."""
-
-    def check(name: str, value: Any, where: str | None = None) -> None:
-        check_choice(name, value, allowed, where=where)
-
-    check.describe = " | ".join(repr(a) for a in allowed)  # type: ignore[attr-defined]
-    return check
+    return _bound(check_choice, " | ".join(repr(a) for a in allowed), allowed)
 
 
 def integer(**bounds) -> Check:
     """A check for an integer field, e.g. ``integer(low=1, allow_none=True)``."""
-
-    def check(name: str, value: Any, where: str | None = None) -> None:
-        check_int(name, value, where=where, **bounds)
-
-    check.describe = _bounds(bounds.get("low"), bounds.get("high"), False, False)  # type: ignore[attr-defined]
-    return check
+    return _bound(check_int, _bounds(bounds.get("low"), bounds.get("high"), False, False), parse=int, **bounds)
 
 
 def boolean(allow_none: bool = False) -> Check:
-    """A check for a true/false field."""
-
-    def check(name: str, value: Any, where: str | None = None) -> None:
-        check_bool(name, value, allow_none=allow_none, where=where)
-
-    check.describe = "true | false"  # type: ignore[attr-defined]
-    return check
+    """A check for a true/false field (``TypeError`` otherwise; a merge recipe reports it as a ``ValueError``)."""
+    return _bound(check_bool, "true | false", allow_none=allow_none)

@@ -42,6 +42,8 @@ class Field:
         param: the keyword the method's callable takes (``"noise_p"``); ``None`` when the callable does not take it
             and its host reads it by name (e.g. a loss mode's normaliser choice).
         type: the annotation of the generated dataclass field; inferred from ``default`` when left out.
+        per_model: one value per input model (a merge method's per-input recipe parameters, mergekit's ``weight``,
+            ``density``, ...); a scalar is broadcast.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Field:
     check: Check | None = None
     param: str | None = None
     type: Any = None
+    per_model: bool = False
 
     def annotation(self) -> Any:
         if self.type is not None:
@@ -57,6 +60,22 @@ class Field:
         if self.default is None:
             raise TypeError(f"Field {self.name!r} has default None: give its `type`.")
         return type(self.default)
+
+    def parse(self, value: Any) -> Any:
+        """``value`` read as its check's number type (``check.parse``) when written as a string, each entry of a
+        per-model list too: YAML reads ``1e-5`` as the string "1e-5", which mergekit's pydantic recipe models read as
+        a number. A string that is no number stays, for the check to refuse by name."""
+        parse = getattr(self.check, "parse", None)
+        if parse is None:
+            return value
+        if isinstance(value, (list, tuple)) and self.per_model:
+            return [self.parse(x) for x in value]
+        if isinstance(value, str):
+            try:
+                return parse(value.strip())
+            except ValueError:
+                return value
+        return value
 
 
 _UNSET: Any = type("Unset", (), {"__repr__": lambda self: "<unset>"})()

@@ -73,3 +73,28 @@ def test_check_bool_length_pattern():
     check_pattern("re", r"\.weight$")
     with pytest.raises(ValueError, match="not a valid regular expression"):
         check_pattern("re", "(")
+
+
+def test_a_merge_parameter_is_a_registry_field_read_and_checked_like_a_config_field():
+    """One parameter system: merge methods declare `registry.Field`s with `_validation` checks; a number written as a
+    string (YAML's "1e-5") is read as one, per model too, and a string that is no number is refused by name."""
+    from hf_stable.merging.methods import get_merge_method
+    from hf_stable.merging.methods.base import MERGE_METHODS
+    from hf_stable.registry import Field
+
+    for name in MERGE_METHODS.names():
+        assert all(isinstance(p, Field) for p in get_merge_method(name).params), name
+    dare = get_merge_method("dare_ties")
+    density = dare.param("density")
+    assert density.per_model and density.check.parse is float
+    assert dare.resolve({"density": ["0.5", " 1e-1 ", 0.25], "lambda": "2"}) == {
+        **dare.param_defaults,
+        "density": [0.5, 0.1, 0.25],
+        "lambda": 2.0,
+    }
+    assert get_merge_method("karcher").resolve({"max_iter": "7"})["max_iter"] == 7
+    with pytest.raises(ValueError, match=r"merge_method 'dare_ties': `lambda` must be a finite number"):
+        dare.validate({"lambda": "two"}, 2, True)
+    # the true/false check raises TypeError for a config field, a ValueError (a bad value) in a recipe
+    with pytest.raises(ValueError, match=r"merge_method 'dare_ties': `rescale` must be true or false, got 'yes'"):
+        dare.validate({"rescale": "yes"}, 2, True)

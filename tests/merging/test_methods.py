@@ -56,6 +56,36 @@ def test_registry_and_kinds():
         get_merge_method("tiess")
 
 
+def test_merge_method_declares_the_name_and_the_description_once(monkeypatch):
+    """`@merge_method(name, paper)` registers the class under `name`, which becomes its `default_name`, with the first
+    paragraph of its own docstring as the description; a class without a docstring of its own is refused."""
+    from hf_stable import registry
+    from hf_stable.merging.methods import base
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))  # the probe family leaves no trace
+    probes = registry.Registry("merge_method_probe")
+    monkeypatch.setattr(base, "MERGE_METHODS", probes)
+
+    @base.merge_method("probe", "A citation (no paper)", url="https://example.org/probe")
+    class ProbeMethod(GramMethod):
+        """Says what it does,
+        over two lines.
+
+        Details the description leaves out."""
+
+    entry = probes.get("probe")
+    assert entry.fn is ProbeMethod and ProbeMethod().name == "probe"
+    assert entry.description == "Says what it does, over two lines."
+    assert (entry.paper_text, entry.url) == ("A citation (no paper)", "https://example.org/probe")
+
+    class Undocumented(ProbeMethod):
+        pass
+
+    with pytest.raises(TypeError, match=r"'bare' .* needs a docstring"):
+        base.merge_method("bare", "A citation")(Undocumented)
+    assert probes.names() == ["probe"]
+
+
 @pytest.mark.parametrize(
     "name,params,n,has_base,match",
     [

@@ -1,9 +1,9 @@
 """Merge methods, registered by name in `MERGE_METHODS` (importing this package registers all of them).
 
 `MERGE_METHODS.get(name).fn` is a zero-argument factory returning a `MergeMethod`; use `get_merge_method(name)`.
-Each module registers its methods when imported; the registry lists them in import order, which is the
-alphabetical order of the modules below (not an order of preference). `docs/merging.md` has the table of methods,
-their parameters and papers.
+Each module registers its methods when imported (`@merge_method(name, paper)` on the class); the registry lists them
+in import order, which is the alphabetical order of the modules below (not an order of preference).
+`docs/merging.md` has the table of methods, their parameters and papers.
 """
 
 from hf_stable.merging.methods import arcee_fusion as _arcee_fusion  # noqa: F401
@@ -30,6 +30,7 @@ from hf_stable.merging.methods.base import (
     gather_params,
     get_merge_method,
     keep_count,
+    merge_method,
     per_model,
 )
 
@@ -45,5 +46,6 @@ __all__ = [
     "gather_params",
     "get_merge_method",
     "keep_count",
+    "merge_method",
     "per_model",
 ]

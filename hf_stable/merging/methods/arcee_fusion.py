@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import MERGE_METHODS, ElementwiseMethod
+from .base import ElementwiseMethod, merge_method
 
 
 QUANTILES = (0.25, 0.5, 0.75)
@@ -40,21 +40,18 @@ def quantile_ranks(numel: int) -> tuple[int, ...]:
     return tuple(numel - pos for pos in positions)
 
 
-@MERGE_METHODS.register(
-    "arcee_fusion",
-    paper="Arcee Fusion (Arcee AI; no paper)",
-    url="https://arcee.ai",
-    description="Base plus the other model's changes whose importance (|Δ| × row KL) is an upper outlier.",
-)
+@merge_method("arcee_fusion", "Arcee Fusion (Arcee AI; no paper)", url="https://arcee.ai")
 class ArceeFusionMethod(ElementwiseMethod):
-    """Arcee Fusion of a base (first input) and one other model. No parameters."""
+    """Base plus the other model's changes whose importance (|Δ| × row KL) is an upper outlier.
+
+    Arcee Fusion of a base (first input) and one other model. No parameters.
+    """
 
     ignores_weight = True
     # mergekit's result is float32 whatever the recipe's dtype (its mask is float32): written as float32 unless the
     # recipe sets out_dtype.
     float32_result = True
 
-    default_name = "arcee_fusion"
     base = "endpoint"
     row_local = True
     min_models = 2

@@ -13,8 +13,10 @@ Two kinds of methods (see `docs/merging.md`, "How the engine streams"):
   counter-based RNG keyed on the flat element index, `hf_stable.merging.rng`). `row_local` methods (DELLA's ranks
   within a row, per-row SLERP, filter-wise model stock) see whole logical rows in every chunk.
 
-A method is declared once, on its class: its parameters (`Param`: default, validator, one value per model or not),
-what it does with a base model (`base`), how many inputs it takes, its paper (on the `MERGE_METHODS` registration).
+A method is declared once, on its class (`@merge_method(name, paper)`): its parameters (`hf_stable.registry.Field`,
+the declaration the trainer methods' config fields use: default, a validator from `hf_stable._validation`, one value
+per model or not), what it does with a base model (`base`), how many inputs it takes, its paper (on the registration)
+and, in the first paragraph of its docstring, what it does in one line.
 Config, planner, engine, card and the parameter-effect test all read these declarations.
 
 Registry convention: `MERGE_METHODS.get(name).fn` is a zero-argument factory (the method class, or a partial of
@@ -23,16 +25,16 @@ it for aliases); `get_merge_method(name)` calls it and returns a `MergeMethod` i
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from hf_stable._validation import check_bool, check_choice, check_int, check_number
+from hf_stable._validation import Check, number
 from hf_stable.merging.ties_ops import keep_count as keep_count  # defined below the plugins: FW-Merging shares it
-from hf_stable.registry import Registry
+from hf_stable.registry import Field, Registry
 
 
 MERGE_METHODS = Registry(
@@ -41,6 +43,9 @@ MERGE_METHODS = Registry(
 )
 
 SPACES = ("weights", "task_vector")
+
+# Where mergekit documents its methods: the reference of the methods that have no paper.
+MERGEKIT_METHODS_URL = "https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md"
 
 # What a method does with `base_model`:
 #   "unused"       - weights-space method; the base is not an input (a base given in the recipe is not read);
@@ -51,76 +56,12 @@ SPACES = ("weights", "task_vector")
 BASE_POLICIES = ("unused", "task_vector", "optional", "endpoint", "by_space")
 
 
-@dataclass(frozen=True)
-class Param:
-    """One recipe parameter a method reads.
-
-    Args:
-        name: as the user spells it in the recipe (`density`).
-        default: the value when the recipe does not set it (`None` = unset; the method decides).
-        help: one line for the docs.
-        check: a validator `check(name, value, where=...)` from `hf_stable._validation` (`None`: no constraint).
-        per_model: one value per input model (mergekit's per-input parameters: `weight`, `density`, ...); a scalar
-            is broadcast.
-    """
-
-    name: str
-    default: Any
-    help: str
-    check: Callable[..., None] | None = None
-    per_model: bool = False
+def Param(name: str, default: Any, help: str, check: Check | None = None, per_model: bool = False) -> Field:
+    """The earlier spelling of a merge parameter: a `hf_stable.registry.Field` with `per_model` (kept for plugins)."""
+    return Field(name, default, help, check, per_model=per_model)
 
 
-def number(**bounds) -> Callable[..., None]:
-    """`check_number` with bounds bound, for `Param.check`."""
-
-    def check(name, value, where=None):
-        check_number(name, value, where=where, **bounds)
-
-    check.parse = float
-    return check
-
-
-def integer(**bounds) -> Callable[..., None]:
-    def check(name, value, where=None):
-        check_int(name, value, where=where, **bounds)
-
-    check.parse = int
-    return check
-
-
-def _parse_numeric(param: Param, value: Any) -> Any:
-    """A numeric parameter written as a string (YAML reads `1e-5` as the string "1e-5") as the number mergekit's
-    pydantic models read from it; a string that is no number stays, for the check to refuse by name."""
-    parse = getattr(param.check, "parse", None)
-    if parse is None:
-        return value
-    if isinstance(value, (list, tuple)) and param.per_model:
-        return [_parse_numeric(param, x) for x in value]
-    if isinstance(value, str):
-        try:
-            return parse(value.strip())
-        except ValueError:
-            return value
-    return value
-
-
-def boolean(name, value, where=None) -> None:
-    """`check_bool`, raising `ValueError` like every other recipe check (a recipe error is a bad value)."""
-    try:
-        check_bool(name, value, where=where)
-    except TypeError as err:
-        raise ValueError(str(err)) from None
-
-
-def choice(*allowed) -> Callable[..., None]:
-    def check(name, value, where=None):
-        check_choice(name, value, allowed, where=where)
-
-    return check
-
-
-WEIGHT = Param("weight", 1.0, "Per-model weight.", number(), per_model=True)
+WEIGHT = Field("weight", 1.0, "Per-model weight.", number(), per_model=True)
 
 
 class MergeMethod:
@@ -129,14 +70,14 @@ class MergeMethod:
     Attributes:
         name (`str`): registered name (aliases keep their own name, e.g. ``"karcher"``).
         kind (`str`): ``"gram"`` or ``"elementwise"``.
-        params (`tuple[Param, ...]`): every parameter the method reads.
+        params (`tuple[Field, ...]`): every parameter the method reads (`Field.per_model`: one value per input).
         base (`str`): one of `BASE_POLICIES`.
         min_models, max_models (`int`): inputs other than the base model.
     """
 
     kind: ClassVar[str] = ""
     default_name: ClassVar[str] = ""
-    params: ClassVar[tuple[Param, ...]] = ()
+    params: ClassVar[tuple[Field, ...]] = ()
     base: ClassVar[str] = "unused"
     min_models: ClassVar[int] = 1
     max_models: ClassVar[int | None] = None
@@ -157,7 +98,7 @@ class MergeMethod:
 
     # ------------------------------------------------------------------ parameters
     @classmethod
-    def param(cls, name: str) -> Param | None:
+    def param(cls, name: str) -> Field | None:
         return next((p for p in cls.params if p.name == name), None)
 
     @property
@@ -174,7 +115,7 @@ class MergeMethod:
         for key, value in (params or {}).items():
             if key != "weight":
                 p = self.param(key)
-                out[key] = value if p is None else _parse_numeric(p, value)
+                out[key] = value if p is None else p.parse(value)
         return out
 
     def uses_weights(self) -> bool:
@@ -230,7 +171,10 @@ class MergeMethod:
             else:
                 values = (values,)
             for value in values:
-                p.check(p.name, value, where=self.where)
+                try:
+                    p.check(p.name, value, where=self.where)
+                except TypeError as err:  # a recipe error is a bad value: `boolean`'s TypeError too
+                    raise ValueError(str(err)) from None
         if n_models < self.min_models or (self.max_models is not None and n_models > self.max_models):
             want = (
                 f"exactly {self.min_models}"
@@ -244,6 +188,23 @@ class MergeMethod:
 
     def _validate(self, params: dict[str, Any], n_models: int, has_base: bool) -> None:
         """Method-specific checks on resolved params (cross-parameter rules)."""
+
+
+def merge_method(name: str, paper: Any, **registration: Any) -> Callable[[type[MergeMethod]], type[MergeMethod]]:
+    """Class decorator declaring a merge method: registers the class in `MERGE_METHODS` under `name`, which becomes
+    its `default_name`, with its paper; the first paragraph of its docstring is the one-line description (model
+    card, docs). `registration`: further `Registry.register` keywords, e.g. `url` for a method without an arXiv paper.
+    """
+
+    def register(cls: type[MergeMethod]) -> type[MergeMethod]:
+        if not cls.__doc__:  # its own (`__doc__` is not inherited): a parent's docstring describes another method
+            raise TypeError(f"merge method {name!r} ({cls.__name__}) needs a docstring: its first line describes it.")
+        summary = " ".join(inspect.cleandoc(cls.__doc__).split("\n\n", 1)[0].split())
+        MERGE_METHODS.register(name, paper=paper, description=summary, **registration)(cls)
+        cls.default_name = name
+        return cls
+
+    return register
 
 
 def round_(x: torch.Tensor, cdt: torch.dtype | None) -> torch.Tensor:

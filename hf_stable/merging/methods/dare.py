@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import choice, number
 from hf_stable.merging import rng
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, Param, _per_model, choice, number
+from .base import _per_model, merge_method
 from .ties import GeneralizedTaskArithmetic
 
 
@@ -67,7 +69,7 @@ class _RandomMethod(GeneralizedTaskArithmetic):
 class _DareMethod(_RandomMethod):
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param(
+        Field(
             "rescale_norm",
             "l1",
             "What `rescale` preserves: `l1` (the L1 norm, mergekit 0.1.5) or `inverse_density` (kept / density, the "
@@ -88,34 +90,28 @@ class _DareMethod(_RandomMethod):
         return [None if k is None else v[i] * k for i, k in enumerate(keep)]
 
 
-@MERGE_METHODS.register(
-    "dare_linear",
-    paper=PAPERS["dare"],
-    description="Random drop (keep p = density) and rescale, then weighted sum of task vectors.",
-)
+@merge_method("dare_linear", PAPERS["dare"])
 class DareLinearMethod(_DareMethod):
-    """DARE + task arithmetic (Yu et al. 2023, arXiv 2311.03099).
+    """Random drop (keep p = density) and rescale, then weighted sum of task vectors.
+
+    DARE + task arithmetic (Yu et al. 2023, arXiv 2311.03099).
 
     Params: `weight` and `density` (keep probability; one per model), `lambda`, `normalize` (false), `rescale`
     (true), `rescale_norm` (`l1` | `inverse_density`), `int8_mask`.
     """
 
-    default_name = "dare_linear"
     consensus = False
 
 
-@MERGE_METHODS.register(
-    "dare_ties",
-    paper=PAPERS["dare"],
-    description="Random drop and rescale, then TIES sign election and disjoint merge of task vectors.",
-)
+@merge_method("dare_ties", PAPERS["dare"])
 class DareTiesMethod(_DareMethod):
-    """DARE + TIES sign consensus (Yu et al. 2023, arXiv 2311.03099; Yadav et al. 2023, arXiv 2306.01708).
+    """Random drop and rescale, then TIES sign election and disjoint merge of task vectors.
+
+    DARE + TIES sign consensus (Yu et al. 2023, arXiv 2311.03099; Yadav et al. 2023, arXiv 2306.01708).
 
     Params as `dare_linear`; `normalize: true` divides by the weight sum of the agreeing models (PEFT behaviour).
     """
 
-    default_name = "dare_ties"
     consensus = True
 
 
@@ -123,7 +119,9 @@ class _DellaMethod(_RandomMethod):
     row_local = True
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param("epsilon", 0.15, "Spread of the keep probability around density.", number(low=0, high=1), True),
+        Field(
+            "epsilon", 0.15, "Spread of the keep probability around density.", number(low=0, high=1), per_model=True
+        ),
     )
 
     def _validate(self, params, n_models, has_base):
@@ -149,29 +147,24 @@ class _DellaMethod(_RandomMethod):
         return out
 
 
-@MERGE_METHODS.register(
-    "della",
-    paper=PAPERS["della"],
-    description="Magnitude-ranked random drop within rows (MagPrune), L1 rescale, TIES sign consensus.",
-)
+@merge_method("della", PAPERS["della"])
 class DellaMethod(_DellaMethod):
-    """DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) with TIES sign election.
+    """Magnitude-ranked random drop within rows (MagPrune), L1 rescale, TIES sign consensus.
+
+    DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) with TIES sign election.
 
     Params: `weight`, `density`, `epsilon` (0.15; one per model), `lambda`, `normalize` (true), `rescale` (true).
     """
 
-    default_name = "della"
     consensus = True
     default_normalize = True
 
 
-@MERGE_METHODS.register(
-    "della_linear",
-    paper=PAPERS["della"],
-    description="Magnitude-ranked random drop within rows (MagPrune), L1 rescale, weighted sum.",
-)
+@merge_method("della_linear", PAPERS["della"])
 class DellaLinearMethod(_DellaMethod):
-    """DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) without sign consensus."""
+    """Magnitude-ranked random drop within rows (MagPrune), L1 rescale, weighted sum.
 
-    default_name = "della_linear"
+    DELLA-Merging (Deep et al. 2024, arXiv 2406.11617) without sign consensus.
+    """
+
     consensus = False

@@ -13,38 +13,42 @@ normalised when `normalize_weights`, unit vectors `x / (‖x‖ + eps)`, task ve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from hf_stable._validation import boolean, choice, integer, number
 from hf_stable.merging.gram import NORM_MODES, SOLVERS, karcher_coefficients, norms_from_gram
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, SPACES, WEIGHT, GramMethod, Param, boolean, choice, integer, number
+from .base import SPACES, WEIGHT, GramMethod, merge_method
 
 
-_SPACE = Param("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
-_NORM = Param("norm", "weighted_mean", "Norm restored on the merged direction.", choice(*NORM_MODES))
-_EPS = Param("eps", 1e-12, "Inputs with a smaller norm are dropped.", number(low=0))
-_GRANULARITY = Param("granularity", "tensor", "One block per named tensor (the only one built).", choice("tensor"))
+_SPACE = Field("space", "weights", "`weights` or `task_vector` (x_i − base).", choice(*SPACES))
+_NORM = Field("norm", "weighted_mean", "Norm restored on the merged direction.", choice(*NORM_MODES))
+_EPS = Field("eps", 1e-12, "Inputs with a smaller norm are dropped.", number(low=0))
+_GRANULARITY = Field("granularity", "tensor", "One block per named tensor (the only one built).", choice("tensor"))
 
 
 class FisherRaoMethod(GramMethod):
-    """Fisher–Rao / Karcher merge (Wang, Ye, Yin 2026, arXiv 2603.04972).
+    """Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64).
 
-    Params: `weight` (≥ 0), `space`, `solver` (`karcher` | `nre` | `nre_unit`), `norm`, `max_iter` (50), `tol`
-    (1e-7 rad), `step` (1.0), `eps` (1e-12: inputs with a smaller norm are dropped), `granularity` (`tensor`).
+    Fisher–Rao / Karcher merge (Wang, Ye, Yin 2026, arXiv 2603.04972). Params: `weight` (≥ 0), `space`, `solver`
+    (`karcher` | `nre` | `nre_unit`), `norm`, `max_iter` (50), `tol` (1e-7 rad), `step` (1.0), `eps` (1e-12: inputs
+    with a smaller norm are dropped), `granularity` (`tensor`).
     """
 
-    default_name = "fisher_rao"
     base = "by_space"
     fixed_solver: str | None = None
     params = (
         WEIGHT,
         _SPACE,
-        Param("solver", "karcher", "Karcher iteration or a norm-restored Euclidean baseline.", choice(*SOLVERS)),
+        Field("solver", "karcher", "Karcher iteration or a norm-restored Euclidean baseline.", choice(*SOLVERS)),
         _NORM,
-        Param("max_iter", 50, "Iteration cap of the Karcher solver.", integer(low=0)),
-        Param("tol", 1e-7, "Stop when the Riemannian gradient norm is below this (radians).", number(low=0)),
-        Param("step", 1.0, "Initial step η of the exponential map.", number(low=0, high=1, low_open=True)),
+        Field("max_iter", 50, "Iteration cap of the Karcher solver.", integer(low=0)),
+        Field("tol", 1e-7, "Stop when the Riemannian gradient norm is below this (radians).", number(low=0)),
+        Field("step", 1.0, "Initial step η of the exponential map.", number(low=0, high=1, low_open=True)),
         _EPS,
         _GRANULARITY,
     )
@@ -72,16 +76,20 @@ class _NREMethod(FisherRaoMethod):
 
 
 class NREMethod(_NREMethod):
-    """Norm-restored Euclidean: `s · Σα x / ‖Σα x‖` (the baseline of Wang, Ye, Yin 2026, arXiv 2603.04972)."""
+    """Norm-restored Euclidean: weighted average rescaled to the weighted mean norm.
 
-    default_name = "nre"
+    `s · Σα x / ‖Σα x‖`, the baseline of Wang, Ye, Yin 2026 (arXiv 2603.04972).
+    """
+
     fixed_solver = "nre"
 
 
 class NREUnitMethod(_NREMethod):
-    """Normalised mean of unit directions times `s` (the Karcher initialisation)."""
+    """Normalised weighted mean of unit directions rescaled.
 
-    default_name = "nre_unit"
+    `s` times the normalised mean of the unit directions (the Karcher initialisation).
+    """
+
     fixed_solver = "nre_unit"
 
 
@@ -114,22 +122,22 @@ def multislerp_coefficients(
     return (w * r).sum() * a / m_norm
 
 
-@MERGE_METHODS.register(
+@merge_method(
     "multislerp",
-    paper="Goddard 2025, Multi-SLERP (blog post; no paper)",
+    "Goddard 2025, Multi-SLERP (blog post; no paper)",
     url="https://goddard.blog/posts/multislerp-wow-what-a-cool-idea",
-    description="Normalised weighted mean of unit directions times the weighted mean norm (mergekit multislerp).",
 )
 class MultiSlerpMethod(GramMethod):
-    """mergekit's Multi-SLERP. Params: `weight`, `normalize_weights` (true), `eps` (1e-8). Task vectors when a base
+    """Normalised weighted mean of unit directions times the weighted mean norm (mergekit multislerp).
+
+    mergekit's Multi-SLERP. Params: `weight`, `normalize_weights` (true), `eps` (1e-8). Task vectors when a base
     model is given."""
 
-    default_name = "multislerp"
     base = "optional"
     params = (
         WEIGHT,
-        Param("normalize_weights", True, "Normalise the weights to sum to 1.", boolean),
-        Param("eps", 1e-8, "Added to the norms before normalising.", number(low=0)),
+        Field("normalize_weights", True, "Normalise the weights to sum to 1.", boolean()),
+        Field("eps", 1e-8, "Added to the norms before normalising.", number(low=0)),
     )
 
     def coefficients(self, gram, weights, params):
@@ -138,11 +146,11 @@ class MultiSlerpMethod(GramMethod):
 
 
 class KarcherMethod(FisherRaoMethod):
-    """mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
+    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).
+
+    mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
     `tol` 1e-5) and its uniform weights (a recipe's per-model weights are ignored with a warning, as mergekit
     ignores them), so a mergekit recipe gives mergekit's result; `fisher_rao` honours weights."""
-
-    default_name = "karcher"
 
     def coefficients(self, gram, weights, params):
         """mergekit 0.1.5 `karcher_merge_method`: α = 1/N for every input, whatever the recipe's weights."""
@@ -155,26 +163,14 @@ class KarcherMethod(FisherRaoMethod):
 
     ignores_weight = True  # mergekit 0.1.5's karcher averages uniformly: a weight is accepted, warned, unused
     params = tuple(
-        Param(p.name, {"max_iter": 10, "tol": 1e-5}.get(p.name, p.default), p.help, p.check, p.per_model)
+        replace(p, default={"max_iter": 10, "tol": 1e-5}.get(p.name, p.default))
         for p in FisherRaoMethod.params
         if p.name != "weight"
     )
 
 
-_FR = "Weighted spherical Karcher mean per tensor + norm restoration, from the Gram matrix (fp64)."
-MERGE_METHODS.register("fisher_rao", paper=PAPERS["fisher_rao_merging"], description=_FR)(FisherRaoMethod)
-MERGE_METHODS.register(
-    "karcher",
-    paper=PAPERS["fisher_rao_merging"],
-    description="fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).",
-)(KarcherMethod)
-MERGE_METHODS.register(
-    "nre",
-    paper=PAPERS["fisher_rao_merging"],
-    description="Norm-restored Euclidean: weighted average rescaled to the weighted mean norm.",
-)(NREMethod)
-MERGE_METHODS.register(
-    "nre_unit",
-    paper=PAPERS["fisher_rao_merging"],
-    description="Normalised weighted mean of unit directions rescaled.",
-)(NREUnitMethod)
+# registered here, after multislerp, so the listing keeps its order
+merge_method("fisher_rao", PAPERS["fisher_rao_merging"])(FisherRaoMethod)
+merge_method("karcher", PAPERS["fisher_rao_merging"])(KarcherMethod)
+merge_method("nre", PAPERS["fisher_rao_merging"])(NREMethod)
+merge_method("nre_unit", PAPERS["fisher_rao_merging"])(NREUnitMethod)

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from hf_stable.papers import PAPERS
 
-from .base import MERGE_METHODS, MergeMethod
+from .base import MergeMethod, merge_method
 
 
-@MERGE_METHODS.register(
-    "fw_merging",
-    paper=PAPERS["fw_merging"],
-    description="Frank–Wolfe over the layer-wise convex hull of a pool of checkpoints, guided by a data objective.",
-)
+@merge_method("fw_merging", PAPERS["fw_merging"])
 class FWMergingMethod(MergeMethod):
-    """Data-driven merge (its parameters are validated by `hf_stable.merging.fw`)."""
+    """Frank–Wolfe over the layer-wise convex hull of a pool of checkpoints, guided by a data objective.
+
+    Data-driven merge (its parameters are validated by `hf_stable.merging.fw`).
+    """
 
     kind = "data"
-    default_name = "fw_merging"
     base = "task_vector"
     data_driven = True

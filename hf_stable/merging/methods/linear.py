@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, _per_model, boolean, number, round_
+from .base import MERGEKIT_METHODS_URL, WEIGHT, GramMethod, _per_model, merge_method, round_
 
 
 def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -30,14 +32,14 @@ def linear_coefficients(weights: torch.Tensor, normalize: bool = True) -> torch.
     return w / total
 
 
-@MERGE_METHODS.register(
-    "linear", paper=PAPERS["model_soups"], description="Weighted average Σ w_i x_i (/ Σ w_i when normalize)."
-)
+@merge_method("linear", PAPERS["model_soups"])
 class LinearMethod(GramMethod):
-    """Weighted average of the inputs (Wortsman et al. 2022, arXiv 2203.05482). Params: `weight`, `normalize`."""
+    """Weighted average Σ w_i x_i (/ Σ w_i when normalize).
 
-    default_name = "linear"
-    params = (WEIGHT, Param("normalize", True, "Divide by the weight sum.", boolean))
+    Weighted average of the inputs (Wortsman et al. 2022, arXiv 2203.05482). Params: `weight`, `normalize`.
+    """
+
+    params = (WEIGHT, Field("normalize", True, "Divide by the weight sum.", boolean()))
 
     rounded = True
 
@@ -63,18 +65,15 @@ class LinearMethod(GramMethod):
         return round_(out, cdt)
 
 
-@MERGE_METHODS.register(
-    "passthrough",
-    paper="Passthrough (mergekit; no paper)",
-    url="https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md",
-    description="Copy one model's tensors (layer-range slices build frankenmerges), times an optional scale.",
-)
+@merge_method("passthrough", "Passthrough (mergekit; no paper)", url=MERGEKIT_METHODS_URL)
 class PassthroughMethod(GramMethod):
-    """One input per output tensor, copied (times `scale` when given). Params: `scale` (one per model, unset)."""
+    """Copy one model's tensors (layer-range slices build frankenmerges), times an optional scale.
 
-    default_name = "passthrough"
+    One input per output tensor, copied (times `scale` when given). Params: `scale` (one per model, unset).
+    """
+
     max_models = 1
-    params = (Param("scale", None, "Multiply the tensor by this factor.", number(), per_model=True),)
+    params = (Field("scale", None, "Multiply the tensor by this factor.", number(), per_model=True),)
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, GramMethod, Param, boolean
+from .base import ElementwiseMethod, GramMethod, merge_method
 
 
 def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
@@ -30,21 +32,19 @@ def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
     return (t / n).unsqueeze(-1).expand(*t.shape, n)
 
 
-@MERGE_METHODS.register(
-    "model_stock",
-    paper=PAPERS["model_stock"],
-    description="base + t·mean(τ_i) with t from the mean pairwise angle of the task vectors.",
-)
+@merge_method("model_stock", PAPERS["model_stock"])
 class ModelStockMethod(ElementwiseMethod, GramMethod):
-    """Model Stock (Jang, Yun, Han 2024, arXiv 2403.19522). Params: `filter_wise` (false: one angle per tensor)."""
+    """base + t·mean(τ_i) with t from the mean pairwise angle of the task vectors.
+
+    Model Stock (Jang, Yun, Han 2024, arXiv 2403.19522). Params: `filter_wise` (false: one angle per tensor).
+    """
 
     ignores_weight = True
 
     kind = "elementwise"
-    default_name = "model_stock"
     base = "task_vector"
     min_models = 2
-    params = (Param("filter_wise", False, "One angle per row instead of per tensor.", boolean),)
+    params = (Field("filter_wise", False, "One angle per row instead of per tensor.", boolean()),)
 
     def kind_for(self, params) -> str:
         return "elementwise" if self.resolve(params)["filter_wise"] else "gram"

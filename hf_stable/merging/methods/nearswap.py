@@ -15,24 +15,26 @@ from __future__ import annotations
 
 import torch
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, number, round_
+from hf_stable._validation import number
+from hf_stable.registry import Field
+
+from .base import ElementwiseMethod, merge_method, round_
 
 
-@MERGE_METHODS.register(
-    "nearswap",
-    paper="NearSwap (mergekit; no paper)",
-    url="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001",
-    description="The other model's entries where they lie within t of the base's; towards the base elsewhere.",
+@merge_method(
+    "nearswap", "NearSwap (mergekit; no paper)", url="https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"
 )
 class NearSwapMethod(ElementwiseMethod):
-    """NearSwap of a base (first input) and one other model. Params: `t` (required, ≥ 0)."""
+    """The other model's entries where they lie within t of the base's; towards the base elsewhere.
 
-    default_name = "nearswap"
+    NearSwap of a base (first input) and one other model. Params: `t` (required, ≥ 0).
+    """
+
     ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight here and ignores it
     base = "endpoint"
     min_models = 2
     max_models = 2
-    params = (Param("t", None, "Distance below which the other model's entry is taken.", number(low=0)),)
+    params = (Field("t", None, "Distance below which the other model's entry is taken.", number(low=0)),)
 
     def _validate(self, params, n_models, has_base):
         if params["t"] is None:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, number, round_
+from .base import ElementwiseMethod, merge_method, round_
 
 
-_EPSILON = Param("epsilon", 1e-5, "A task-vector entry contributes where its magnitude exceeds this.", number(low=0))
+_EPSILON = Field("epsilon", 1e-5, "A task-vector entry contributes where its magnitude exceeds this.", number(low=0))
 
 
 def _contributions(v: torch.Tensor, epsilon: float, cdt) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,35 +60,30 @@ class _RamBase(ElementwiseMethod):
     ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight here and ignores it
 
 
-@MERGE_METHODS.register(
-    "ram",
-    paper=PAPERS["ram_merging"],
-    description="Keep each model's unique task-vector entries, average the shared ones (|τ| > epsilon).",
-)
+@merge_method("ram", PAPERS["ram_merging"])
 class RamMethod(_RamBase):
-    """Reinforced Agent Merging (Yuan et al. 2026, arXiv 2601.13572). Params: `epsilon` (1e-5)."""
+    """Keep each model's unique task-vector entries, average the shared ones (|τ| > epsilon).
 
-    default_name = "ram"
+    Reinforced Agent Merging (Yuan et al. 2026, arXiv 2601.13572). Params: `epsilon` (1e-5).
+    """
+
     params = (_EPSILON,)
 
     def combine(self, v, weights, params, *, cdt=None, **kw):
         return ram_combine(v, float(self.resolve(params)["epsilon"]), None, cdt)
 
 
-@MERGE_METHODS.register(
-    "ramplus_tl",
-    paper=PAPERS["ram_merging"],
-    description="RAM with each model's unique entries rescaled by its shared/unique ratio over the tensor (RAM+).",
-)
+@merge_method("ramplus_tl", PAPERS["ram_merging"])
 class RamPlusMethod(_RamBase):
-    """RAM+ with tensor-local counts (Yuan et al. 2026, arXiv 2601.13572). Params: `r` (0.1), `alpha` (0.2),
+    """RAM with each model's unique entries rescaled by its shared/unique ratio over the tensor (RAM+).
+
+    RAM+ with tensor-local counts (Yuan et al. 2026, arXiv 2601.13572). Params: `r` (0.1), `alpha` (0.2),
     `epsilon` (1e-5)."""
 
-    default_name = "ramplus_tl"
     float32_result = True
     params = (
-        Param("r", 0.1, "Rescale strength of the unique entries.", number()),
-        Param("alpha", 0.2, "Cap of the shared/unique ratio.", number(low=0)),
+        Field("r", 0.1, "Rescale strength of the unique entries.", number()),
+        Field("alpha", 0.2, "Cap of the shared/unique ratio.", number(low=0)),
         _EPSILON,
     )
 

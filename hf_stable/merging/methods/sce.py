@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, ElementwiseMethod, Param, boolean, number
+from .base import ElementwiseMethod, merge_method
 
 
 def sce_combine(tv: torch.Tensor, select_topk: float) -> torch.Tensor:
@@ -46,22 +48,20 @@ def sce_combine(tv: torch.Tensor, select_topk: float) -> torch.Tensor:
     return (tv * erased).sum(dim=0) / erased.sum(dim=0).clamp(min=1e-6)
 
 
-@MERGE_METHODS.register(
-    "sce",
-    paper=PAPERS["fusechat_sce"],
-    description="Select high-variance positions, weight task vectors by their mean square, erase minority signs.",
-)
+@merge_method("sce", PAPERS["fusechat_sce"])
 class SceMethod(ElementwiseMethod):
-    """SCE (Wan et al. 2024, arXiv 2408.07990). Params: `select_topk` (1.0: keep every position), `int8_mask`."""
+    """Select high-variance positions, weight task vectors by their mean square, erase minority signs.
 
-    default_name = "sce"
+    SCE (Wan et al. 2024, arXiv 2408.07990). Params: `select_topk` (1.0: keep every position), `int8_mask`.
+    """
+
     base = "task_vector"
     row_local = True
     whole_tensor = True
     ignores_weight = True  # mergekit 0.1.5 accepts a per-model weight on sce and ignores it
     params = (
-        Param("select_topk", 1.0, "Fraction of positions (by variance across models) kept.", number(low=0, high=1)),
-        Param("int8_mask", False, "mergekit's memory option for its masks (no effect on the values).", boolean),
+        Field("select_topk", 1.0, "Fraction of positions (by variance across models) kept.", number(low=0, high=1)),
+        Field("int8_mask", False, "mergekit's memory option for its masks (no effect on the values).", boolean()),
     )
 
     def combine(self, v, weights, params, *, cdt=None, **kw):

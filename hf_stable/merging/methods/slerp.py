@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.merging.gram import slerp_coefficients
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, GramMethod, Param, boolean, number, warn_ignored
+from .base import MERGEKIT_METHODS_URL, WEIGHT, ElementwiseMethod, GramMethod, merge_method, warn_ignored
 
 
 def _t_from_weights(weights, *, cancel_tol: float | None = None) -> float:
@@ -33,25 +35,25 @@ def _t_from_weights(weights, *, cancel_tol: float | None = None) -> float:
     return w[1] / total
 
 
-@MERGE_METHODS.register(
+@merge_method(
     "slerp",
-    paper="Shoemake 1985, Animating rotation with quaternion curves (SIGGRAPH)",
+    "Shoemake 1985, Animating rotation with quaternion curves (SIGGRAPH)",
     url="https://doi.org/10.1145/325165.325242",
-    description="Spherical interpolation of two models at t (lerp when nearly colinear), mergekit semantics.",
 )
 class SlerpMethod(GramMethod):
-    """SLERP of exactly two inputs (Shoemake 1985).
+    """Spherical interpolation of two models at t (lerp when nearly colinear), mergekit semantics.
+
+    SLERP of exactly two inputs (Shoemake 1985).
 
     Params: `t` (None → `w_1 / (w_0 + w_1)` from the per-model weights), `allow_extrapolation` (false: `t` must lie
     in [0, 1]). The base model is one of the two endpoints (t = 0); there is no task-vector variant (see nuslerp).
     """
 
-    default_name = "slerp"
     base = "endpoint"
     params = (
         WEIGHT,
-        Param("t", None, "Interpolation position from the base (0) to the other model (1).", number()),
-        Param("allow_extrapolation", False, "Accept t outside [0, 1].", boolean),
+        Field("t", None, "Interpolation position from the base (0) to the other model (1).", number()),
+        Field("allow_extrapolation", False, "Accept t outside [0, 1].", boolean()),
     )
     min_models = 2
     max_models = 2
@@ -104,28 +106,24 @@ def nuslerp_coefficients(gram: torch.Tensor, t: float) -> torch.Tensor:
     return torch.stack([c0, c1], dim=-1)
 
 
-@MERGE_METHODS.register(
-    "nuslerp",
-    paper="NuSLERP (mergekit; no paper)",
-    url="https://github.com/arcee-ai/mergekit/blob/main/docs/merge_methods.md",
-    description="SLERP of two models (or their task vectors) with t from the weights; per tensor, row or column.",
-)
+@merge_method("nuslerp", "NuSLERP (mergekit; no paper)", url=MERGEKIT_METHODS_URL)
 class NuSlerpMethod(ElementwiseMethod, GramMethod):
-    """NuSLERP (mergekit): `t = w_1/(w_0 + w_1)`; task vectors when a base is given.
+    """SLERP of two models (or their task vectors) with t from the weights; per tensor, row or column.
+
+    NuSLERP (mergekit): `t = w_1/(w_0 + w_1)`; task vectors when a base is given.
 
     Params: `weight` (one per model), `nuslerp_flatten` (true: one angle per tensor), `nuslerp_row_wise` (false:
     per row; true: per column; only without flattening).
     """
 
     kind = "elementwise"
-    default_name = "nuslerp"
     base = "optional"
     min_models = 2
     max_models = 2
     params = (
         WEIGHT,
-        Param("nuslerp_flatten", True, "One angle per tensor (else per row or column).", boolean),
-        Param("nuslerp_row_wise", False, "Without flattening: one angle per column instead of per row.", boolean),
+        Field("nuslerp_flatten", True, "One angle per tensor (else per row or column).", boolean()),
+        Field("nuslerp_row_wise", False, "Without flattening: one angle per column instead of per row.", boolean()),
     )
 
     def kind_for(self, params) -> str:

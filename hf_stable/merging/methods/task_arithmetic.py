@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, WEIGHT, GramMethod, Param, boolean, number
+from .base import WEIGHT, GramMethod, merge_method
 
 
 def task_arithmetic_coefficients(weights: torch.Tensor, lam: float = 1.0, normalize: bool = False) -> torch.Tensor:
@@ -28,16 +30,18 @@ def task_arithmetic_coefficients(weights: torch.Tensor, lam: float = 1.0, normal
     return lam * w
 
 
-@MERGE_METHODS.register("task_arithmetic", paper=PAPERS["task_arithmetic"], description="base + λ Σ w_i (x_i − base).")
+@merge_method("task_arithmetic", PAPERS["task_arithmetic"])
 class TaskArithmeticMethod(GramMethod):
-    """Task arithmetic (Ilharco et al. 2022, arXiv 2212.04089). Params: `weight`, `lambda` (1), `normalize` (false)."""
+    """base + λ Σ w_i (x_i − base).
 
-    default_name = "task_arithmetic"
+    Task arithmetic (Ilharco et al. 2022, arXiv 2212.04089). Params: `weight`, `lambda` (1), `normalize` (false).
+    """
+
     base = "task_vector"
     params = (
         WEIGHT,
-        Param("lambda", 1.0, "Scale of the summed task vectors.", number()),
-        Param("normalize", False, "Divide by the weight sum.", boolean),
+        Field("lambda", 1.0, "Scale of the summed task vectors.", number()),
+        Field("normalize", False, "Divide by the weight sum.", boolean()),
     )
 
     rounded = True

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from hf_stable._validation import boolean, number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
 from ..ties_ops import disjoint_add, disjoint_mean, elect, keep_at_least, keep_count
 from ..ties_ops import previous_float as previous_float  # importable from here, as before the move
 from ..ties_ops import trim as trim  # importable from here, as before the move
-from .base import MERGE_METHODS, WEIGHT, ElementwiseMethod, Param, _per_model, boolean, number, round_
+from .base import WEIGHT, ElementwiseMethod, _per_model, merge_method, round_
 
 
 L1_EPS = 1e-7  # mergekit `rescaled_masked_tensor`: no rescale when either L1 norm is below this
@@ -149,24 +152,20 @@ class GeneralizedTaskArithmetic(ElementwiseMethod):
     default_rescale = False
     params = (
         WEIGHT,
-        Param("density", 1.0, "Fraction of each task vector kept.", number(low=0, high=1, low_open=True), True),
-        Param("lambda", 1.0, "Scale of the merged task vector.", number()),
-        Param("normalize", True, "Divide by the (agreeing) weight sum.", boolean),
-        Param("rescale", False, "Rescale kept entries to the task vector's L1 norm (mergekit 0.1.5).", boolean),
-        Param("int8_mask", False, "mergekit's int8 sign mask (a memory option; no effect here).", boolean),
+        Field(
+            "density", 1.0, "Fraction of each task vector kept.", number(low=0, high=1, low_open=True), per_model=True
+        ),
+        Field("lambda", 1.0, "Scale of the merged task vector.", number()),
+        Field("normalize", True, "Divide by the (agreeing) weight sum.", boolean()),
+        Field("rescale", False, "Rescale kept entries to the task vector's L1 norm (mergekit 0.1.5).", boolean()),
+        Field("int8_mask", False, "mergekit's int8 sign mask (a memory option; no effect here).", boolean()),
     )
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # The defaults of `normalize`/`rescale` differ per method (mergekit's registry entries).
-        cls.params = tuple(
-            Param(p.name, cls.default_normalize, p.help, p.check, p.per_model)
-            if p.name == "normalize"
-            else Param(p.name, cls.default_rescale, p.help, p.check, p.per_model)
-            if p.name == "rescale"
-            else p
-            for p in cls.params
-        )
+        defaults = {"normalize": cls.default_normalize, "rescale": cls.default_rescale}
+        cls.params = tuple(replace(p, default=defaults[p.name]) if p.name in defaults else p for p in cls.params)
 
     def densities(self, params: Mapping[str, Any], n_models: int) -> tuple[float, ...] | None:
         d = _per_model(self.resolve(params)["density"], n_models, "density", self.name)
@@ -244,19 +243,16 @@ class _MagnitudeMethod(GeneralizedTaskArithmetic):
         return torch.argsort(w, descending=True)[:k]
 
 
-@MERGE_METHODS.register(
-    "ties",
-    paper=PAPERS["ties"],
-    description="Trim to density by magnitude, elect sign (sum), disjoint weighted mean of task vectors.",
-)
+@merge_method("ties", PAPERS["ties"])
 class TiesMethod(_MagnitudeMethod):
-    """TIES-merging (Yadav et al. 2023, arXiv 2306.01708).
+    """Trim to density by magnitude, elect sign (sum), disjoint weighted mean of task vectors.
+
+    TIES-merging (Yadav et al. 2023, arXiv 2306.01708).
 
     Params: `weight` and `density` (one per model), `lambda`, `normalize` (true), `rescale` (false; true scales the
     kept entries to the task vector's L1 norm), `int8_mask`.
     """
 
-    default_name = "ties"
 
 
 class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
@@ -267,7 +263,7 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
     default_normalize = False
     params = (
         *GeneralizedTaskArithmetic.params,
-        Param("gamma", 0.01, "Fraction of largest-|τ| outliers removed.", number(low=0, high=1), True),
+        Field("gamma", 0.01, "Fraction of largest-|τ| outliers removed.", number(low=0, high=1), per_model=True),
     )
 
     def ranks(self, params, n_models, numel):
@@ -317,28 +313,23 @@ class _BreadcrumbsMethod(GeneralizedTaskArithmetic):
         return torch.sort(w, descending=False).indices[n_bot : n_bot + k]
 
 
-@MERGE_METHODS.register(
-    "breadcrumbs",
-    paper=PAPERS["breadcrumbs"],
-    description="Drop the largest outliers (gamma) and the smallest entries (keep density), weighted sum.",
-)
+@merge_method("breadcrumbs", PAPERS["breadcrumbs"])
 class BreadcrumbsMethod(_BreadcrumbsMethod):
-    """Model Breadcrumbs (Davari & Belilovsky 2023, arXiv 2312.06795): magnitude-outlier masks, no sign consensus.
+    """Drop the largest outliers (gamma) and the smallest entries (keep density), weighted sum.
+
+    Model Breadcrumbs (Davari & Belilovsky 2023, arXiv 2312.06795): magnitude-outlier masks, no sign consensus.
 
     Params: `weight`, `density`, `gamma` (0.01; one per model), `lambda`, `normalize` (false), `rescale` (false).
     """
 
-    default_name = "breadcrumbs"
     consensus = False
 
 
-@MERGE_METHODS.register(
-    "breadcrumbs_ties",
-    paper=PAPERS["breadcrumbs"],
-    description="Model Breadcrumbs masks with TIES sign consensus.",
-)
+@merge_method("breadcrumbs_ties", PAPERS["breadcrumbs"])
 class BreadcrumbsTiesMethod(_BreadcrumbsMethod):
-    """Model Breadcrumbs masks + TIES sign election (arXiv 2312.06795, arXiv 2306.01708)."""
+    """Model Breadcrumbs masks with TIES sign consensus.
 
-    default_name = "breadcrumbs_ties"
+    Davari & Belilovsky 2023 (arXiv 2312.06795) with TIES's sign election (Yadav et al. 2023, arXiv 2306.01708).
+    """
+
     consensus = True

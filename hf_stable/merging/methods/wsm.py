@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 
+from hf_stable._validation import number
 from hf_stable.papers import PAPERS
+from hf_stable.registry import Field
 
-from .base import MERGE_METHODS, GramMethod, Param, number
+from .base import GramMethod, merge_method
 
 
 def wsm_coefficients(n_models: int, schedule: Any = "1-sqrt", quadrature: str = "mid", floor: float = 0.0):
@@ -44,22 +46,19 @@ def _quadrature_check(name, value, where=None):
         raise ValueError(f"{where}: `{name}`={value!r}: {err}") from None
 
 
-@MERGE_METHODS.register(
-    "wsm",
-    paper=PAPERS["wsm"],
-    description="Checkpoint merge Σ c_j θ_j emulating an LR decay schedule (checkpoints ordered oldest first).",
-)
+@merge_method("wsm", PAPERS["wsm"])
 class WSMMethod(GramMethod):
-    """WSM checkpoint merge (arXiv 2507.17634). Params: `schedule` ("1-sqrt"), `quadrature` ("mid"), `floor` (0).
+    """Checkpoint merge Σ c_j θ_j emulating an LR decay schedule (checkpoints ordered oldest first).
+
+    WSM checkpoint merge (arXiv 2507.17634). Params: `schedule` ("1-sqrt"), `quadrature` ("mid"), `floor` (0).
 
     The schedule sets the coefficients: per-model weights are refused.
     """
 
-    default_name = "wsm"
     params = (
-        Param("schedule", "1-sqrt", "Decay curve emulated by the merge.", _schedule_check),
-        Param("quadrature", "mid", "Where each interval samples the curve.", _quadrature_check),
-        Param("floor", 0.0, "Lowest relative learning rate of the curve.", number(low=0, high=1)),
+        Field("schedule", "1-sqrt", "Decay curve emulated by the merge.", _schedule_check),
+        Field("quadrature", "mid", "Where each interval samples the curve.", _quadrature_check),
+        Field("floor", 0.0, "Lowest relative learning rate of the curve.", number(low=0, high=1)),
     )
 
     def _validate(self, params, n_models, has_base):
