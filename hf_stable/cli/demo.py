@@ -59,18 +59,19 @@ class _Context:
     """What the stages share: sizes, the held-out set, the output folder, and the artifacts of earlier stages."""
 
     def __init__(self, output_dir: str, quick: bool):
-        from ..testing import arithmetic_splits
+        from ..testing import arithmetic_splits, with_carry_errors
         from .demo_stages import FULL, QUICK
 
         self.output_dir, self.quick = output_dir, quick
         self.sizes = QUICK if quick else FULL
-        # Held out: problems no training row of any stage contains. The SFT rows are few distinct problems (a model
-        # trained long on them generalises partway, which RL can improve); GRPO and the stability run draw fresh
-        # problems from the rest.
+        # Held out: problems no training row of any stage contains. The SFT rows show an imperfect demonstrator's
+        # carry errors (RL with the verifier's reward can correct them); GRPO and the stability run draw fresh problems
+        # from the rest, with true answers.
         self.test = arithmetic_splits({"test": self.sizes.test_rows}, seed=1234)["test"]
         sizes = {"sft": self.sizes.sft_problems, "fresh": None}
         splits = arithmetic_splits(sizes, seed=0, exclude=self.test["prompt"])
-        self.sft_rows, self.fresh_rows = splits["sft"], splits["fresh"]
+        self.sft_rows = with_carry_errors(splits["sft"], self.sizes.carry_error, seed=0)
+        self.fresh_rows = splits["fresh"]
         self.repo_id = DEMO_REPO
 
     def path(self, *parts: str) -> str:

@@ -14,11 +14,12 @@ from transformers import PrinterCallback, ProgressCallback
 from ._quiet import _DropMessage
 
 
-# The RL testbed's recipe (experiments/testbeds/rl.py): full fine-tuning, G = 8, temperature 1, fresh prompts. The
-# testbed's control recipe (rl_recipe.py) runs longer than the demo's budget allows; on the testbed's first tuning
-# seed (1,200 SFT steps) LR 1e-4 was above the warm start from step 300 on (+0.01 to +0.07) while 2e-4 stayed below it
-# until step 1200, so the demo runs 1e-4 for 800 steps.
-GRPO_STEPS_FULL = 800
+# The RL testbed's recipe (experiments/testbeds/rl.py, rl_recipe.py): 1,600 SFT problems whose demonstrations drop
+# the carry in 70% of the rows that have one (`with_carry_errors`), 2,400 SFT steps, then GRPO with full fine-tuning,
+# G = 8, temperature 1, LR 1e-4 on fresh problems: the warm start prefers a wrong rule the verifier corrects. The
+# testbed's control (`experiments/grpo_rl_control.py`) measures the held-out gain of this recipe over seeds.
+GRPO_STEPS_FULL = 500
+CARRY_ERROR = 0.7
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Sizes:
 
     sft_steps: int
     sft_problems: int
+    carry_error: float
     test_rows: int
     grpo_steps: int
     grpo_save_every: int
@@ -37,8 +39,9 @@ class Sizes:
 
 
 FULL = Sizes(
-    sft_steps=1200,
-    sft_problems=800,
+    sft_steps=2400,
+    sft_problems=1600,
+    carry_error=CARRY_ERROR,
     test_rows=300,
     grpo_steps=GRPO_STEPS_FULL,
     grpo_save_every=GRPO_STEPS_FULL // 4,
@@ -50,6 +53,7 @@ FULL = Sizes(
 QUICK = Sizes(
     sft_steps=40,
     sft_problems=200,
+    carry_error=CARRY_ERROR,
     test_rows=40,
     grpo_steps=4,
     grpo_save_every=2,
@@ -132,8 +136,8 @@ def _curve(history, key):
 def sft(ctx) -> dict:
     """NLL and −p (Li et al., arXiv 2510.00526) from a random init on 2-digit addition; the NLL model is the start of
     the GRPO stage. A random init is the model-weak end of the paper's continuum, where NLL should win. The rows are
-    few distinct problems trained on long: the model generalises partway (held-out exact match ~0.4), which leaves
-    GRPO room to improve it (a model stopped early on plenty of data sits before a jump in accuracy instead)."""
+    an imperfect demonstrator's: most rows with a carry drop it, so the model learns addition with a wrong carry
+    rule, which GRPO's exact-match reward can correct."""
     from ..testing import build_tiny_model
     from ..trainers.sft import StableSFTConfig, StableSFTTrainer
 
