@@ -37,6 +37,31 @@ MERGEKIT_CHECKED = frozenset(
     "arcee_fusion breadcrumbs breadcrumbs_ties dare_linear dare_ties della della_linear karcher linear model_stock "
     "multislerp nearswap nuslerp passthrough ram ramplus_tl sce slerp task_arithmetic ties".split()
 )
+# The docs page that documents each family: its evidence block (between `BEGIN` and `END`) lists the family's rows.
+FAMILY_PAGE = {
+    "advantage_estimator": "grpo.md",
+    "lr_scaling": "grpo.md",
+    "loss_aggregation": "grpo.md",
+    "loss_mode": "grpo.md",
+    "advantage_filter": "grpo.md",
+    "intrinsic_reward": "grpo.md",
+    "reward_function": "grpo.md",
+    "reward_transform": "grpo.md",
+    "reward_weighting": "grpo.md",
+    "sft_objective": "sft.md",
+    "sft_threshold": "sft.md",
+    "sft_sample_reweighting": "sft.md",
+    "sft_sequence_objective": "sft.md",
+    "merge_method": "merging.md",
+    "stability_optimizer": "stability.md",
+    "stability_monitor": "stability.md",
+    "stability": "stability.md",
+    "unlearning_method": "unlearning.md",
+    "unlearning_forget_loss": "unlearning.md",
+    "unlearning_retain_loss": "unlearning.md",
+    "adapter": "adapters.md",
+}
+BEGIN, END = "<!-- evidence:begin (written by experiments/evidence.py) -->", "<!-- evidence:end -->"
 VERDICTS = ("replicated", "not replicated", "inconclusive", "reference", "no experiment")
 
 
@@ -309,10 +334,43 @@ def page(index: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def page_block(index: dict, page_name: str) -> str:
+    """The evidence block of one docs page: each of its methods' verdict, linked to its row on the evidence page."""
+    lines = [
+        BEGIN,
+        "",
+        "## Evidence",
+        "",
+        "What the experiments say about each method on this page ([all methods](evidence.md)):",
+        "",
+        "| method | verdict | evidence |",
+        "|---|---|---|",
+    ]
+    for family, methods in index.items():
+        if FAMILY_PAGE[family] != page_name:
+            continue
+        for name, r in methods.items():
+            lines.append(
+                f"| {family} `{name}` | {r['verdict']} | [row](evidence.md#{anchor(family, name)}) |"
+            )
+    return "\n".join([*lines, "", END])
+
+
+def with_block(text: str, block: str) -> str:
+    """`text` with its evidence block replaced by `block` (appended at the end when the page has none)."""
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        return head + block + rest.split(END, 1)[1]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
 def write() -> dict:
     index = build_index()
     INDEX.write_text(json.dumps(index, indent=1, ensure_ascii=False) + "\n")
     PAGE.write_text(page(index))
+    for name in sorted(set(FAMILY_PAGE.values())):
+        path = PAGE.parent / name
+        path.write_text(with_block(path.read_text(), page_block(index, name)))
     return index
 
 

@@ -22,6 +22,19 @@ def test_committed_index_and_page_are_generated_from_todays_results():
     assert evidence.PAGE.read_text() == evidence.page(index), "run: python experiments/evidence.py"
 
 
+def test_each_family_page_links_its_methods_rows():
+    index = json.loads(evidence.INDEX.read_text())
+    assert set(evidence.FAMILY_PAGE) == set(index)
+    for name in set(evidence.FAMILY_PAGE.values()):
+        text = (evidence.PAGE.parent / name).read_text()
+        assert text.count(evidence.BEGIN) == 1, f"docs/{name}: run python experiments/evidence.py"
+        assert evidence.with_block(text, evidence.page_block(index, name)) == text, name
+        for family, methods in index.items():
+            if evidence.FAMILY_PAGE[family] == name:
+                for method in methods:
+                    assert f"(evidence.md#{evidence.anchor(family, method)})" in text
+
+
 def test_every_registered_method_has_a_row_and_mergekits_are_those_checked_against_mergekit():
     from hf_stable.registry import list_methods
 
