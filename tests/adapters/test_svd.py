@@ -368,3 +368,22 @@ def test_a_4bit_base_is_refused(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quant)
     with pytest.raises(ValueError, match=r"`use_svd` is not supported on a 4-bit"):
         get_peft_model(model, StableLoraConfig(r=4, target_modules=["q_proj"], use_svd=True))
+
+
+def test_sft_step_trains_the_singular_values_and_matrix_mode_adds_the_mixing(tmp_path):
+    """One `StableSFTTrainer` step (plain SGD): only δ (or M) moves; the gradient on M's diagonal is the gradient on δ,
+    so M's diagonal moves exactly as δ does, and its off-diagonal entries (mixing the frozen vectors) move too."""
+    from sft_helpers import GLOBAL_BATCH, one_step_update
+
+    updates = {}
+    for mode in ("diagonal", "matrix"):
+        config = StableLoraConfig(r=64, target_modules=["q_proj", "down_proj"], use_svd=True, svd_trainable=mode)
+        update, trainer = one_step_update(tmp_path / mode, GLOBAL_BATCH, 1, peft_config=config, optim="sgd")
+        names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+        assert names and all(".lora_svd_delta." in n for n in names)
+        updates[mode] = update
+    diagonal, matrix = updates["diagonal"].view(-1, 64), updates["matrix"].view(-1, 64, 64)
+    assert diagonal.abs().min() > 0  # every singular value of every layer moved
+    torch.testing.assert_close(matrix.diagonal(dim1=1, dim2=2), diagonal, atol=1e-7, rtol=1e-5)
+    off = matrix - torch.diag_embed(matrix.diagonal(dim1=1, dim2=2))
+    assert off.abs().max() > 0.1 * diagonal.abs().max()
