@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 # name -> the `StableLoraConfig` switch (`is_lora_variant`) that selects it
-ADAPTER_VARIANTS = {"map": "use_map", "sine": "use_sine"}
+ADAPTER_VARIANTS = {"map": "use_map", "sine": "use_sine", "svd": "use_svd"}
 VARIANT_KEYS = tuple(ADAPTER_VARIANTS.values())
 # `peft_type` written for MAP/sine adapters: unknown to stock PEFT, so its lookup fails with this text as the message
 SAVED_PEFT_TYPE = (

@@ -464,3 +464,13 @@ PAPERS["r1_reward"] = _arxiv(
     "Jiang, Kaiyu and Chen, Kaibing and Tang, Kaiyu and Ding, Haojie and Chen, Jiankang and Yang, Fan and Zhang, "
     "Zhang and Gao, Tingting and Wang, Liang",
 )
+
+# Singular-value fine-tuning (the seed-methods issue): the seed abstract is that of v1 ("CLOVER: Constrained Learning
+# with Orthonormal Vectors for Eliminating Redundancy"); the title below is the arXiv record's current one.
+PAPERS["clover"] = _arxiv(
+    "clover",
+    "CLOVER: Cross-Layer Orthogonal Vectors Pruning and Fine-Tuning",
+    "2411.17426",
+    2024,
+    "Meng, Fanxu and Tang, Pingzhi and Jiang, Fan and Zhang, Muhan",
+)

@@ -1,10 +1,12 @@
-"""Adapters: MAP and bounded sine adapters as PEFT LoRA variants, rsLoRA tooling, training-free Bayesianisation.
+"""Adapters: MAP, bounded sine and singular-value (SVD) adapters as PEFT LoRA variants, rsLoRA tooling,
+training-free Bayesianisation.
 
 ```python
 from hf_stable.adapters import StableLoraConfig, load_adapter, tfb_bayesianize, predict_bayes
 config = StableLoraConfig(r=8, target_modules="all-linear", use_map=True)    # MAP (LoMAP)
+config = StableLoraConfig(r=4096, target_modules="all-linear", use_svd=True)  # train the singular values only
 trainer = StableSFTTrainer(model=model, args=args, train_dataset=ds, peft_config=config)
-model = load_adapter(base_model, "out/checkpoint-100")                        # restores MAP/sine layers exactly
+model = load_adapter(base_model, "out/checkpoint-100")                        # restores MAP/sine/SVD layers exactly
 ```
 """
 

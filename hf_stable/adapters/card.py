@@ -10,7 +10,8 @@ from ..papers import PAPERS
 def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
     """`(papers, method lines, settings, tags)` for the PEFT adapters on ``model`` (all empty without adapters).
 
-    MAP and sine adapters are flagged as needing hf_stable to load: stock PEFT refuses them (their saved `peft_type`).
+    MAP, sine and SVD adapters are flagged as needing hf_stable to load: stock PEFT refuses them (their saved
+    `peft_type`).
     """
     papers, lines, settings, tags = [], [], {}, []
     for name, config in (getattr(model, "peft_config", None) or {}).items():
@@ -33,6 +34,14 @@ def adapter_card_info(model) -> tuple[list, list[str], dict, list[str]]:
             lines.append(f"Adapter `{name}`: bounded sine update `s·sin(ω·BA)/g`, every entry within `s/g`.")
             entry.update(sine_freq=config.sine_freq, sine_g=config.sine_g)
             tags.append("sine-lora")
+        elif variant == "svd":
+            papers.append(PAPERS["clover"])
+            lines.append(
+                f"Adapter `{name}`: singular-value fine-tuning, `W' = W0 + U·diag(δ)·Vᵀ` (`svd_trainable="
+                f"{config.svd_trainable!r}`) with the base weight's singular vectors U, V frozen."
+            )
+            entry.update(svd_trainable=config.svd_trainable)
+            tags.append("svd")
         else:
             entry.update(lora_alpha=config.lora_alpha, use_rslora=config.use_rslora, use_dora=config.use_dora)
         if getattr(config, "use_rslora", False) and variant is None:

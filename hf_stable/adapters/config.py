@@ -11,9 +11,11 @@ from peft import LoraConfig
 
 from .._adapter_variants import ADAPTER_VARIANTS, PEFT_TYPE, SAVED_PEFT_TYPE, VARIANT_KEYS
 from .._version import __version__
+from .svd import SVD_TRAINABLE
 
 
 MAP_SCALE_WARNING = "have no effect under MAP"
+SVD_SCALE_WARNING = "have no effect under SVD"
 # `init_lora_weights` values MAP and sine accept: they leave the base weight alone and give the base model at step 0
 BASE_PRESERVING_INITS = (True, False, "gaussian", "orthogonal")
 # why the others are refused, by the value (or prefix) PEFT dispatches on (`peft/tuners/lora/layer.py: update_layer`)
@@ -32,8 +34,8 @@ REFUSED_INITS = {
 
 @dataclass
 class StableLoraConfig(LoraConfig):
-    """[`peft.LoraConfig`] plus MAP and bounded sine adapters. Pass it as `peft_config` to any TRL or hf_stable
-    trainer, or to `peft.get_peft_model`; with neither variant switched on it is a plain `LoraConfig`.
+    """[`peft.LoraConfig`] plus MAP, bounded sine and singular-value (SVD) adapters. Pass it as `peft_config` to any
+    TRL or hf_stable trainer, or to `peft.get_peft_model`; with no variant switched on it is a plain `LoraConfig`.
 
     Args:
         use_map (`bool`, defaults to `False`):
@@ -51,6 +53,14 @@ class StableLoraConfig(LoraConfig):
             ω.
         sine_g (`str` or `float`, defaults to `"sqrt_in"`):
             g: `"sqrt_in"` (√in_features, the reference) or a positive number.
+        use_svd (`bool`, defaults to `False`):
+            Singular-value fine-tuning (CLOVER, Meng et al., arXiv 2411.17426): `W0 = U S Vᵀ` once in fp32, U and V
+            frozen, `W' = W0 + U diag(δ) Vᵀ` with δ trained (0 at init). `r` is how many leading singular directions
+            each layer keeps (`r >= min(out, in)`: all of them, a full-rank update). `lora_alpha`/`use_rslora` have no
+            effect; `init_lora_weights` is overwritten by the bases. Full-precision `nn.Linear`/`Conv1D` only.
+        svd_trainable (`str`, defaults to `"diagonal"`):
+            `"diagonal"`: train δ ∈ ℝʳ (the singular values); `"matrix"`: train `M ∈ ℝʳˣʳ`, `W' = W0 + U M Vᵀ`
+            (the paper's code: linear combinations of the frozen singular vectors).
     """
 
     use_map: bool = field(default=False, metadata={"help": "MAP / LoMAP adapter.", "is_lora_variant": True})
@@ -59,6 +69,10 @@ class StableLoraConfig(LoraConfig):
     use_sine: bool = field(default=False, metadata={"help": "Bounded sine adapter.", "is_lora_variant": True})
     sine_freq: float = field(default=100.0, metadata={"help": "Sine frequency ω."})
     sine_g: str | float = field(default="sqrt_in", metadata={"help": "Sine gain g: 'sqrt_in' or a number."})
+    use_svd: bool = field(
+        default=False, metadata={"help": "Singular-value fine-tuning (frozen U, V).", "is_lora_variant": True}
+    )
+    svd_trainable: str = field(default="diagonal", metadata={"help": "SVD adapter: 'diagonal' or 'matrix'."})
     hf_stable_version: str | None = field(default=None, metadata={"help": "Set on save; marks hf_stable adapters."})
 
     def __post_init__(self):
@@ -67,8 +81,9 @@ class StableLoraConfig(LoraConfig):
         self._validate_values()
         self._refuse_inert_settings()
         variant = self.hf_stable_variant
-        if self.use_map and self.use_sine:
-            raise ValueError("`use_map` and `use_sine` cannot be combined; choose one variant.")
+        switched = [key for key in VARIANT_KEYS if getattr(self, key)]
+        if len(switched) > 1:
+            raise ValueError(f"{' and '.join(f'`{key}`' for key in switched)} cannot be combined; choose one variant.")
         if variant and self.use_dora:
             raise ValueError(
                 f"`use_dora` cannot be combined with `use_{variant}`: both reparameterise the same update; choose one."
@@ -81,6 +96,11 @@ class StableLoraConfig(LoraConfig):
         if self.use_map and (self.use_rslora or self.lora_alpha != 8 or self.alpha_pattern):
             warnings.warn(
                 f"`lora_alpha`/`alpha_pattern`/`use_rslora` {MAP_SCALE_WARNING}: the LoRA scale cancels in BA/‖BA‖.",
+                stacklevel=3,
+            )
+        if self.use_svd and (self.use_rslora or self.lora_alpha != 8 or self.alpha_pattern):
+            warnings.warn(
+                f"`lora_alpha`/`alpha_pattern`/`use_rslora` {SVD_SCALE_WARNING}: δ is in singular-value units.",
                 stacklevel=3,
             )
         if variant:
@@ -135,6 +155,10 @@ class StableLoraConfig(LoraConfig):
             if not math.isfinite(gain) or not gain > 0:
                 raise ValueError(f"`sine_g` must be 'sqrt_in' or a finite number > 0, got {self.sine_g!r}.")
             self.sine_g = gain
+        if self.svd_trainable not in SVD_TRAINABLE:
+            raise ValueError(
+                f"`svd_trainable` must be one of {', '.join(map(repr, SVD_TRAINABLE))}, got {self.svd_trainable!r}."
+            )
 
     def to_dict(self) -> dict:
         values = super().to_dict()
@@ -157,6 +181,7 @@ class StableLoraConfig(LoraConfig):
             )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=f".*{MAP_SCALE_WARNING}")
+            warnings.filterwarnings("ignore", message=f".*{SVD_SCALE_WARNING}")
             kwargs = {k: v for k, v in values.items() if k in known}
             if kwargs.get("peft_type") == SAVED_PEFT_TYPE:
                 kwargs["peft_type"] = PEFT_TYPE
@@ -168,7 +193,7 @@ class StableLoraConfig(LoraConfig):
 
 
 def variant_settings(variant: str) -> list[dataclasses.Field]:
-    """The `StableLoraConfig` fields of one variant (`"map"`, `"sine"`): those named `<variant>_...`."""
+    """The `StableLoraConfig` fields of one variant (`"map"`, `"sine"`, `"svd"`): those named `<variant>_...`."""
     return [f for f in dataclasses.fields(StableLoraConfig) if f.name.startswith(f"{variant}_")]
 
 

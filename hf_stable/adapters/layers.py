@@ -16,19 +16,26 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from .._adapter_variants import ADAPTER_VARIANTS
 from .bounded import SineLinearVariant
 from .map import MapLinearVariant
+from .svd import SvdLinearVariant, freeze_bases
 
 
 # PEFT's `lora_variants` form: (config switch,) -> variant class; each class names its variant (`ADAPTER_VARIANTS`)
-VARIANTS = {(ADAPTER_VARIANTS[cls.name],): cls for cls in (MapLinearVariant, SineLinearVariant)}
+VARIANTS = {(ADAPTER_VARIANTS[cls.name],): cls for cls in (MapLinearVariant, SineLinearVariant, SvdLinearVariant)}
 
 
 class _StableDeltaMixin:
     def get_delta_weight(self, adapter):
-        # PEFT's version is `s·BA` whatever the variant; MAP and sine updates are not that
+        # PEFT's version is `s·BA` whatever the variant; MAP, sine and SVD updates are not that
         variant = self.lora_variant.get(adapter)
-        if isinstance(variant, (MapLinearVariant, SineLinearVariant)):
+        if isinstance(variant, (MapLinearVariant, SineLinearVariant, SvdLinearVariant)):
             return variant.delta_weight(self, adapter)
         return super().get_delta_weight(adapter)
+
+    def set_adapter(self, adapter_names, inference_mode: bool = False) -> None:
+        super().set_adapter(adapter_names, inference_mode=inference_mode)
+        for name, variant in self.lora_variant.items():  # PEFT just made every `lora_*` of the active ones trainable
+            if isinstance(variant, SvdLinearVariant):
+                freeze_bases(self, name)
 
 
 class StableLinear(_StableDeltaMixin, LoraLinear):
@@ -73,6 +80,12 @@ def stable_linear_4bit():
         into the 4-bit weight is refused (it would re-quantise the result): `merge_and_export` dequantises instead."""
 
         def resolve_lora_variant(self, *, config, **kwargs):
+            if getattr(config, "use_svd", False):
+                raise ValueError(
+                    "`use_svd` is not supported on a 4-bit (bitsandbytes) base layer: its singular vectors would be "
+                    "those of the dequantised weight, and a merge would re-quantise the result. Use MAP or plain "
+                    "LoRA there, or a full-precision base."
+                )
             if getattr(config, "use_sine", False):
                 raise ValueError(
                     "`use_sine` is not supported on a 4-bit (bitsandbytes) base layer: its dense update would be "
@@ -101,7 +114,8 @@ def stable_linear_4bit():
 def _refusal(what: str):
     def refuse(target, adapter_name, config, **kwargs):
         raise ValueError(
-            f"`use_map`/`use_sine` support `nn.Linear`, GPT-2 `Conv1D` and 4-bit bitsandbytes layers, not {what} "
+            f"`use_map`/`use_sine`/`use_svd` support `nn.Linear`, GPT-2 `Conv1D` and 4-bit bitsandbytes layers "
+            f"(`use_svd`: not 4-bit), not {what} "
             f"({type(target).__name__}); leave those out of `target_modules` or use a separate plain LoRA config."
         )
 

@@ -24,6 +24,7 @@ from peft.utils.other import transpose
 
 from ._quant import dequantized_weight
 from .bounded import SineLinearVariant
+from .svd import SvdLinearVariant
 
 
 MAP_PARAMS = ("lora_map_a", "lora_map_b")
@@ -41,7 +42,7 @@ def gram_frobenius_norm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _merged_decomposition(module, adapters) -> tuple[float | torch.Tensor, torch.Tensor | float]:
     """`(scale, offset)` with `weight = scale · W0 + offset` for the base weight holding `adapters` merged, fp32 and in
-    the weight's layout. MAP adapters scale W0; plain LoRA and sine adapters only add a term independent of W0."""
+    the weight's layout. MAP adapters scale W0; plain LoRA, sine and SVD adapters only add a term independent of W0."""
     scale, offset = 1.0, 0.0
     for name in adapters:
         if name not in module.lora_A:
@@ -53,8 +54,8 @@ def _merged_decomposition(module, adapters) -> tuple[float | torch.Tensor, torch
             map_a, _ = MapLinearVariant._coefficients(module, name)
             scale = scale + map_a
             offset = offset + MapLinearVariant._update(module, name)
-        elif isinstance(variant, SineLinearVariant):
-            offset = offset + SineLinearVariant.delta_weight(module, name)
+        elif isinstance(variant, (SineLinearVariant, SvdLinearVariant)):
+            offset = offset + variant.delta_weight(module, name)
         else:
             raise NotImplementedError(
                 f"Cannot merge or unmerge a MAP adapter while adapter {name!r} ({type(variant).__name__}) is merged "

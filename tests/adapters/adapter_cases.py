@@ -14,7 +14,10 @@ def adapter_config(kind: str) -> StableLoraConfig:
         return StableLoraConfig(
             r=4, target_modules=MLP, use_sine=True, sine_freq=10.0, lora_dropout=0.0, init_lora_weights="gaussian"
         )
+    if kind == "svd":
+        # r = 64 = min(out, in) of every tiny-model layer: all singular values train (the paper's full-rank update)
+        return StableLoraConfig(r=64, target_modules="all-linear", use_svd=True, lora_dropout=0.0)
     raise ValueError(kind)
 
 
-CASES = ("map", "sine")
+CASES = ("map", "sine", "svd")

@@ -30,6 +30,8 @@ ALTERNATIVES = {
     "map_scalar_lr": 0.25,
     "sine_freq": 20.0,
     "sine_g": 2.0,
+    "use_svd": True,
+    "svd_trainable": "matrix",
 }
 # Fields that change neither, one reason each.
 ALLOWLIST = {
