@@ -191,6 +191,8 @@ ROWS = (
       "adapters_sine_unlearning", claim=("2", "3"), controls=("1a", "1b", "1c")),
     R("adapter", "tfb", "TFB lowers ECE and NLL at the same accuracy", "adapters_tfb_calibration",
       claim=("1", "2")),
+    R("adapter", "svd", "training only the singular values (CLOVER) matches LoRA with fewer parameters",
+      why="no experiment yet"),
     R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
     R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
