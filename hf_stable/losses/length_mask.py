@@ -109,7 +109,7 @@ def _band_is_empty(args) -> bool:
             "Reference length of each prompt: a dataset column (its values a number of tokens, or a reference text "
             "whose tokens are counted), or one number of tokens for every prompt. Required by the mask.",
             check=_check_reference,
-            type=str | float | None,
+            type=float | str | None,  # parsed as a string from the command line (a number is converted)
         ),
         Field(
             "length_mask_min_ratio",

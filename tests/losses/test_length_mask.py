@@ -100,3 +100,14 @@ def test_config_refuses_by_name(config, named):
     with pytest.raises(ValueError) as error:
         StableGRPOConfig("out", **_CPU, **config)
     assert named in str(error.value), str(error.value)
+
+
+def test_command_line_parses_a_column_or_a_number_of_tokens():
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(StableGRPOConfig)
+    base = ["--output_dir", "out", "--use_cpu", "--report_to", "none", "--length_mask_rewards", "0", "2"]
+    (args,) = parser.parse_args_into_dataclasses([*base, "--length_mask_reference", "12"])
+    assert args.length_mask_rewards == [0, 2] and args.length_mask_reference == 12.0
+    (args,) = parser.parse_args_into_dataclasses([*base, "--length_mask_reference", "reference_caption"])
+    assert args.length_mask_reference == "reference_caption"
