@@ -156,16 +156,20 @@ def length_mask(rewards, lengths, reference, columns, min_ratio=None, max_ratio=
     return length_conditional_mask(rewards, lengths, reference, columns, min_ratio, max_ratio, fill)
 
 
-def check_length_mask(args, num_rewards: int, dataset_columns: list[str] | None) -> None:
+def check_length_mask(args, num_rewards: int, *datasets) -> None:
     """Refuse by name, when the trainer is built, a masked column that is not a reward function's or a reference
-    column the training data lacks (``dataset_columns``: `None` when unknown, e.g. an iterable dataset)."""
+    column that a training or evaluation dataset lacks (``datasets``: datasets, dicts of them or `None`; one without
+    `column_names`, e.g. an iterable dataset, is checked when its rows arrive)."""
     columns, reference = args.length_mask_rewards, args.length_mask_reference
     if any(c >= num_rewards for c in columns):
         raise ValueError(f"`length_mask_rewards`={columns} must name columns of the {num_rewards} reward functions.")
-    if isinstance(reference, str) and dataset_columns is not None and reference not in dataset_columns:
-        raise ValueError(
-            f"`length_mask_reference`={reference!r} is not a column of the training data: {dataset_columns}."
-        )
+    if not isinstance(reference, str):
+        return
+    for dataset in datasets:
+        for part in dataset.values() if isinstance(dataset, dict) else [dataset]:
+            names = getattr(part, "column_names", None)
+            if names is not None and reference not in names:
+                raise ValueError(f"`length_mask_reference`={reference!r} is not a column of the data: {names}.")
 
 
 def reference_lengths(inputs: list[dict], reference, tokenizer) -> list[float]:

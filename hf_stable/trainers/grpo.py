@@ -111,7 +111,7 @@ class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
         )
         self._length_mask = LENGTH_MASKS.active(args)
         if self._length_mask is not None:
-            check_length_mask(args, k, getattr(self.train_dataset, "column_names", None))
+            check_length_mask(args, k, self.train_dataset, self.eval_dataset)
         transform = REWARD_TRANSFORMS.active(args)
         self._transform = transform(k, **transform.params_from(args)) if transform is not None else None
         weighting = REWARD_WEIGHTINGS.get(args.reward_weighting)

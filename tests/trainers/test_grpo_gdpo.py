@@ -123,3 +123,15 @@ def test_a_reference_column_the_data_lacks_is_refused_by_name(tmp_path):
         grpo_run(tmp_path, length_mask_rewards=[0], length_mask_reference="reference_caption")
     with pytest.raises(ValueError, match="length_mask_rewards"):
         grpo_run(tmp_path, length_mask_rewards=[2], length_mask_reference=3)
+
+
+def test_the_reference_column_is_checked_in_the_evaluation_data_too():
+    from datasets import Dataset
+
+    from hf_stable.losses.length_mask import check_length_mask
+
+    args = StableGRPOConfig("out", use_cpu=True, length_mask_rewards=[0], length_mask_reference="ref")
+    with_ref, without = Dataset.from_dict({"prompt": ["1+1="], "ref": [3]}), Dataset.from_dict({"prompt": ["1+1="]})
+    check_length_mask(args, 1, with_ref, {"a": with_ref}, None)
+    with pytest.raises(ValueError, match="length_mask_reference"):
+        check_length_mask(args, 1, with_ref, {"a": with_ref, "b": without})
