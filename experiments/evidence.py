@@ -44,6 +44,7 @@ FAMILY_PAGE = {
     "loss_aggregation": "grpo.md",
     "loss_mode": "grpo.md",
     "advantage_filter": "grpo.md",
+    "length_mask": "grpo.md",
     "intrinsic_reward": "grpo.md",
     "reward_function": "grpo.md",
     "reward_transform": "grpo.md",
@@ -120,6 +121,9 @@ ROWS = (
       "grpo_methods", grpo_methods=("majority_vote",)),
     R("reward_transform", "brme", "a robust reward ensemble resists reward-model error",
       why="needs an ensemble of imperfect reward heads on the RL testbed"),
+    R("length_mask", "length_conditional", "withholding a reward past a length ratio to the reference is a better "
+      "length penalty than a linear one (BalCapRL)",
+      why="needs a task with reference lengths (captions) on the RL testbed; not run yet"),
     R("reward_weighting", "static", "TRL's fixed reward weights", reference=True),
     R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
       also=("grpo_multi_objective",)),

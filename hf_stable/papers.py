@@ -474,3 +474,23 @@ PAPERS["clover"] = _arxiv(
     2024,
     "Meng, Fanxu and Tang, Pingzhi and Jiang, Fan and Zhang, Muhan",
 )
+
+# GDPO composition and length-conditional reward masking (the seed-methods issue): GDPO is the normalisation TRL's
+# `multi_objective_aggregation="normalize_then_sum"` implements; BalCapRL applies it to continuous captioning rewards
+# and adds the length-conditional mask. Authors from their arXiv records.
+PAPERS["gdpo"] = _arxiv(
+    "gdpo",
+    "GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL Optimization",
+    "2601.05242",
+    2026,
+    "Liu, Shih-Yang and Dong, Xin and Lu, Ximing and Diao, Shizhe and Belcak, Peter and Liu, Mingjie and Chen, "
+    "Min-Hung and Yin, Hongxu and Wang, Yu-Chiang Frank and Cheng, Kwang-Ting and Choi, Yejin and Kautz, Jan and "
+    "Molchanov, Pavlo",
+)
+PAPERS["balcaprl"] = _arxiv(
+    "balcaprl",
+    "BalCapRL: A Balanced Framework for RL-Based MLLM Image Captioning",
+    "2605.07394",
+    2026,
+    "Ye, Shaokai and Saveris, Vasileios and Qian, Yihao and Hu, Jiaming and Amirloo, Elmira and Grasch, Peter",
+)

@@ -27,5 +27,5 @@ from .rl import Recipe
 
 
 CONTROL = replace(
-    Recipe(), sft_problems=1600, sft_steps=2400, sft_lr=1e-3, sft_carry_error=0.7, rl_lr=1e-4, rl_steps=800
+    Recipe(), sft_problems=1600, sft_steps=2400, sft_lr=1e-3, sft_carry_error=0.7, rl_lr=1e-4, rl_steps=700
 )

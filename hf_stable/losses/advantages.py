@@ -75,14 +75,21 @@ CORRECTNESS_FIELDS = (
         param="success_threshold",
     ),
 )
-# The estimators below aggregate the K rewards themselves.
-_OWN_AGGREGATION = Requires(
-    "multi_objective_aggregation",
-    lambda value: value == "sum_then_normalize",
-    "the estimator aggregates the rewards itself; keep multi_objective_aggregation='sum_then_normalize'",
-    fix="sum_then_normalize",
-)
-# ... and do not read TRL's `scale_rewards` (sgrpo does: it keeps GRPO's z-score of the weighted sum).
+
+
+def _own_aggregation(why: str) -> Requires:
+    """GDPO's `normalize_then_sum` refused by an estimator whose maths it does not compose with, saying why."""
+    return Requires(
+        "multi_objective_aggregation",
+        lambda value: value == "sum_then_normalize",
+        f"{why}; keep multi_objective_aggregation='sum_then_normalize'",
+        fix="sum_then_normalize",
+    )
+
+
+# for an estimator that aggregates the K rewards itself and has not said how it composes with GDPO
+_OWN_AGGREGATION = _own_aggregation("the estimator aggregates the rewards itself")
+# for an estimator that does not read TRL's `scale_rewards` (sgrpo does: its base is TRL's advantage)
 _OWN_SCALE = Requires(
     "scale_rewards",
     lambda value: value == "group",
@@ -176,6 +183,49 @@ def grpo_advantages(rewards, lengths, num_generations, weights, scale: str = "gr
     return advantages, {}
 
 
+# TRL's `multi_objective_aggregation` values: GRPO's z-score of the weighted sum, or GDPO's decoupled normalisation
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def decoupled_sum(rewards: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """GDPO's reward-decoupled normalisation (Liu et al., arXiv 2601.05242; TRL's `normalize_then_sum`): each reward
+    column z-scored within its group (`(r_k - mean_k) / (std_k + 1e-4)`, Bessel-corrected, NaN-aware), then the
+    weighted sum `Σ_k w_k z_k`. A NaN entry contributes 0 to the sum; a row NaN in every column stays NaN
+    (unscorable). A column without spread in a group gives exactly 0 there ([`group_zscore`]'s one deviation from
+    TRL's inline roundoff). `(N, K), (K,) -> (N,)`."""
+    rewards = rewards.float()
+    z = torch.stack([group_zscore(rewards[:, k], num_generations, "group") for k in range(rewards.shape[1])], dim=1)
+    total = (z * weights.to(z).unsqueeze(0)).sum(dim=1)
+    return torch.where(torch.isnan(rewards).all(dim=1), torch.full_like(total, math.nan), total)
+
+
+def batch_zscore(scores: torch.Tensor) -> torch.Tensor:
+    """`(s - batch mean) / (batch std + 1e-4)` over the whole generation batch, NaN-aware (NaN rows get 0), as TRL's
+    `normalize_then_sum` ends; a batch of one gets 0. `(N,) -> (N,)`."""
+    scores = scores.float()
+    centred = scores - torch.nanmean(scores)
+    std = nanstd(scores, dim=0) if scores.numel() > 1 else torch.zeros(())
+    return _finish(centred / (std + TRL_STD_EPS))
+
+
+def gdpo_advantages(rewards, lengths, num_generations, weights):
+    """GDPO's advantage as TRL computes it under `multi_objective_aggregation="normalize_then_sum"` (arXiv
+    2601.05242): [`decoupled_sum`] then [`batch_zscore`]. TRL ignores `scale_rewards` there, and so does this.
+    `(N, K) -> (N,)`."""
+    del lengths
+    return batch_zscore(decoupled_sum(rewards, weights, num_generations)), {}
+
+
+def trl_advantages(rewards, lengths, num_generations, weights, scale="group", aggregation="sum_then_normalize"):
+    """TRL's advantage for either `multi_objective_aggregation`: [`grpo_advantages`] (with ``scale``) or
+    [`gdpo_advantages`]. `(N, K) -> (N,)`."""
+    if aggregation == "normalize_then_sum":
+        return gdpo_advantages(rewards, lengths, num_generations, weights)[0]
+    if aggregation != "sum_then_normalize":
+        raise ValueError(f"multi_objective_aggregation must be one of {AGGREGATIONS}, got {aggregation!r}.")
+    return grpo_advantages(rewards, lengths, num_generations, weights, scale)[0]
+
+
 def sgrpo_weights(successes: torch.Tensor, valid: torch.Tensor, noise_p: float, eps: float = 1e-8) -> torch.Tensor:
     """S-GRPO's optimal shrinkage `w*` per group (arXiv 2508.05928; `shenpeijun0212/S-GRPO: group_weight`).
 
@@ -210,8 +260,7 @@ def sgrpo_weights(successes: torch.Tensor, valid: torch.Tensor, noise_p: float, 
         ),
         *CORRECTNESS_FIELDS,
     ],
-    reads={"scale": "scale_rewards"},
-    requires=[_OWN_AGGREGATION],
+    reads={"scale": "scale_rewards", "aggregation": "multi_objective_aggregation"},
 )
 def sgrpo_advantages(
     rewards,
@@ -222,16 +271,19 @@ def sgrpo_advantages(
     correctness_index: int | str | None = None,
     success_threshold: float = 0.5,
     scale: str = "group",
+    aggregation: str = "sum_then_normalize",
 ):
-    """S-GRPO: GRPO's advantage times the noise-aware weight `w*` of its group (arXiv 2508.05928).
+    """S-GRPO: TRL's advantage times the noise-aware weight `w*` of its group (arXiv 2508.05928).
 
-    Successes are counted on the correctness reward (``correctness_index``, or ``"sum"``) binarised at
-    ``success_threshold``; the advantage itself keeps the weighted reward's z-score. ``noise_p = 0`` gives back GRPO
+    Successes are counted on the raw correctness reward (``correctness_index``, or ``"sum"``) binarised at
+    ``success_threshold``; the advantage itself is TRL's for ``aggregation`` (the weighted reward's z-score, or
+    GDPO's decoupled normalisation: `w*` is a per-group factor computed from the raw rewards, so it composes with
+    either). ``noise_p = 0`` gives back GRPO
     (w* = 1 to 1e-8 on mixed groups). Metrics, over mixed groups (some but not all successes — the only ones with an
     advantage to weight): ``zero_weight_frac`` (ignored as explainable by noise) and ``mean_weight``.
     """
     del lengths
-    base = group_zscore(scalar_rewards(rewards, weights), num_generations, scale)
+    base = trl_advantages(rewards, None, num_generations, weights, scale, aggregation)
     success = _groups(success_indicator(rewards, weights, correctness_index, success_threshold), num_generations)
     valid = (~torch.isnan(success)).sum(dim=1)
     w = sgrpo_weights(torch.nansum(success, dim=1), valid, noise_p)
@@ -295,7 +347,13 @@ def maxrl_coefficient(n: int, k: int, truncation: int | None = None) -> float:
         ),
         *CORRECTNESS_FIELDS,
     ],
-    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+    requires=[
+        _own_aggregation(
+            "MaxRL's advantage c_T(K)(r - mean r) reads only the 0/1 success on the correctness reward, and its "
+            "pass@k weights c_T(K) are unbiased only for a 0/1 reward: a normalised sum of rewards is neither"
+        ),
+        _OWN_SCALE,
+    ],
 )
 def maxrl_advantages(
     rewards,
@@ -352,7 +410,14 @@ def maxrl_advantages(
             param="sigma_power",
         )
     ],
-    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+    requires=[
+        _own_aggregation(
+            "DVAO already normalises each reward within its group and weighs the z-scores by their spread (GDPO's "
+            "decoupled sum is, up to a constant factor and the std convention, its dvao_sigma_power=0): the two "
+            "normalisations would stack"
+        ),
+        _OWN_SCALE,
+    ],
 )
 def dvao_advantages(rewards, lengths, num_generations, weights, sigma_power: float = 1.0, eps: float = 1e-6):
     """DVAO: per-objective z-scores combined with weights ∝ `b_k σ_k^γ` within each group (arXiv 2605.25604,
@@ -399,7 +464,8 @@ def dvao_advantages(rewards, lengths, num_generations, weights, sigma_power: flo
             param="scale",
         ),
     ],
-    requires=[_OWN_AGGREGATION, _OWN_SCALE],
+    reads={"aggregation": "multi_objective_aggregation"},
+    requires=[_OWN_SCALE],
 )
 def oblr_advantages(
     rewards,
@@ -409,6 +475,7 @@ def oblr_advantages(
     norm_proxy: str = "length",
     leave_one_out: bool = True,
     scale: str = "none",
+    aggregation: str = "sum_then_normalize",
 ):
     """OBLR-PO's baseline: the variance-optimal `b = Σ w_i r_i / Σ w_i` with `w_i ≈ ||∇ log π(o_i)||²`
     (arXiv 2511.23310; a reconstruction from the abstract and classical theory).
@@ -416,10 +483,20 @@ def oblr_advantages(
     ``norm_proxy="length"`` uses `w_i = L_i` (per-token gradients roughly independent); ``"uniform"`` is the plain
     mean. With ``leave_one_out`` each sample's baseline excludes itself (unbiased). A group whose weights are all 0
     falls back to the plain mean. ``scale="group"`` divides by the group std as GRPO does.
+
+    The scalar reward is the weighted sum of the rewards, or with ``aggregation="normalize_then_sum"`` GDPO's
+    [`decoupled_sum`] of per-group z-scores (arXiv 2601.05242): the baseline is a function of any scalar reward, so
+    OBLR's weighted baseline (and optional group std) takes the place of GDPO's batch z-score.
     """
     if norm_proxy not in ("length", "uniform"):
         raise ValueError(f"norm_proxy must be 'length' or 'uniform', got {norm_proxy!r}.")
-    r = _groups(scalar_rewards(rewards, weights), num_generations)
+    if aggregation == "normalize_then_sum":
+        scalar = decoupled_sum(rewards, weights, num_generations)
+    elif aggregation == "sum_then_normalize":
+        scalar = scalar_rewards(rewards, weights)
+    else:
+        raise ValueError(f"multi_objective_aggregation must be one of {AGGREGATIONS}, got {aggregation!r}.")
+    r = _groups(scalar, num_generations)
     valid = ~torch.isnan(r)
     w = _groups(lengths.float(), num_generations) if norm_proxy == "length" else torch.ones_like(r)
     w = torch.where(valid, w.clamp(min=0), torch.zeros_like(w))

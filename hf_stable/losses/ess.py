@@ -38,7 +38,7 @@ import torch
 from .._validation import choice
 from ..papers import PAPERS
 from ..registry import Field, Requires
-from .advantages import grpo_advantages
+from .advantages import trl_advantages
 from .loss_modes import LOSS_MODES
 
 
@@ -177,7 +177,6 @@ _ESS_REQUIRES = (
     _fixed("entropy_coef", 0.0, "the entropy bonus is not applied by the ESS loss", present_only=True),
     _fixed("use_adaptive_entropy", False, "the entropy bonus is not applied by the ESS loss", present_only=True),
     _fixed("off_policy_mask_threshold", None, "off-policy masking is not applied: ESS caps instead", True),
-    _fixed("multi_objective_aggregation", "sum_then_normalize", "advantages are GRPO's on the weighted sum", True),
     _fixed("use_liger_kernel", False, "Liger bypasses `_compute_loss`"),
     _fixed("advantage_estimator", "grpo", "the ESS loss uses GRPO's advantages"),
     _fixed("delta_l_alpha", None, "the ESS loss has its own normalisation"),
@@ -197,11 +196,17 @@ _ESS_REQUIRES = (
             param="level",
         )
     ],
-    reads={"beta": "beta", "scale": "scale_rewards", "bias_correction_kl": "use_bias_correction_kl"},
+    reads={
+        "beta": "beta",
+        "scale": "scale_rewards",
+        "aggregation": "multi_objective_aggregation",
+        "bias_correction_kl": "use_bias_correction_kl",
+    },
     requires=_ESS_REQUIRES,
     honours=(
         "beta",
         "scale_rewards",
+        "multi_objective_aggregation",
         "mask_truncated_completions",
         "num_iterations",
         "vllm_importance_sampling_correction",
@@ -210,13 +215,14 @@ _ESS_REQUIRES = (
 )
 @dataclass
 class ESSMode:
-    """ESS-adaptive policy loss (P3O, arXiv 1905.01756) as a loss mode: GRPO's advantages (TRL's
-    ``sum_then_normalize`` with ``scale_rewards``), then [`ess_policy_loss`] per micro-batch."""
+    """ESS-adaptive policy loss (P3O, arXiv 1905.01756) as a loss mode: TRL's advantages (``sum_then_normalize``
+    with ``scale_rewards``, or GDPO's ``normalize_then_sum``), then [`ess_policy_loss`] per micro-batch."""
 
     weights_sampling = True  # `ess_policy_loss` applies TRL's vLLM ratio itself (`is_weights`)
     level: str = "batch"
     beta: float = 0.0
     scale: str = "group"
+    aggregation: str = "sum_then_normalize"
     bias_correction_kl: bool = False
     # the batch's extra tensors, handed over by `LossModeInputsMixin` for the duration of one `compute_loss`
     _inputs: dict | None = None
@@ -234,7 +240,9 @@ class ESSMode:
 
     def advantages(self, rewards, weights, complete, lengths, num_generations, max_length, seq_logp_old=None):
         """`(N, K)` rewards -> `(GRPO advantages (N,), None, {})`."""
-        advantages, _ = grpo_advantages(rewards, lengths, num_generations, weights.to(rewards), self.scale)
+        advantages = trl_advantages(
+            rewards, lengths, num_generations, weights.to(rewards), self.scale, self.aggregation
+        )
         return advantages, None, {}
 
     def loss(self, per_token_logps, mask, advantages, old_per_token_logps, accumulation, step_tokens, max_length):

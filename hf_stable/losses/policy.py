@@ -64,7 +64,10 @@ _MODE_REQUIRES = (
     _trl_default("use_adaptive_entropy", False, "the loss mode has no entropy bonus"),
     _trl_default("scale_rewards", "group", "the loss mode computes its coefficients from the raw rewards"),
     _trl_default(
-        "multi_objective_aggregation", "sum_then_normalize", "the loss mode counts successes on the raw rewards"
+        "multi_objective_aggregation",
+        "sum_then_normalize",
+        "the loss mode's coefficients come from the 0/1 success on the raw correctness reward (DRPO's signs and "
+        "weights, on-policy SFT's kept samples), and a normalised sum of rewards has no pass/fail to count",
     ),
     _trl_default("off_policy_mask_threshold", None, "the loss mode has no off-policy sequence mask"),
 )

@@ -431,3 +431,7 @@ class BRMEFold:
         rewards[:, heads[0]] = brme_reward(rewards[:, heads], self.lam)
         rewards[:, heads[1:]] = math.nan  # folded into the first head's column
         return rewards, metrics
+
+
+# The length-conditional mask, a family of its own (it composes with a transform), registers with this module.
+from . import length_mask as _length_mask  # noqa: E402, F401

@@ -39,7 +39,7 @@ import torch
 from .._validation import number
 from ..papers import PAPERS
 from ..registry import Field, Registry, Requires
-from .advantages import grpo_advantages
+from .advantages import trl_advantages
 from .loss_modes import LOSS_MODES
 
 
@@ -162,12 +162,6 @@ _SR_REQUIRES = (
     _fixed("entropy_coef", 0.0, "the loss mode has no entropy bonus", present_only=True),
     _fixed("use_adaptive_entropy", False, "the loss mode has no entropy bonus", present_only=True),
     _fixed("off_policy_mask_threshold", None, "the loss mode has no off-policy sequence mask", present_only=True),
-    _fixed(
-        "multi_objective_aggregation",
-        "sum_then_normalize",
-        "the loss mode's advantages are GRPO's on the weighted reward sum",
-        present_only=True,
-    ),
     _fixed("use_liger_kernel", False, "Liger's fused loss bypasses `_compute_loss`"),
     _fixed("advantage_estimator", "grpo", "the loss mode uses GRPO's advantages"),
 )
@@ -196,6 +190,7 @@ _SR_REQUIRES = (
         "beta": "beta",
         "bias_correction_kl": "use_bias_correction_kl",
         "scale": "scale_rewards",
+        "aggregation": "multi_objective_aggregation",
     },
     requires=_SR_REQUIRES,
     honours=(
@@ -206,6 +201,7 @@ _SR_REQUIRES = (
         "beta",
         "use_bias_correction_kl",
         "scale_rewards",
+        "multi_objective_aggregation",
         "mask_truncated_completions",
         "num_iterations",
         "steps_per_generation",
@@ -215,8 +211,9 @@ _SR_REQUIRES = (
 )
 @dataclass
 class StableReinforceMode:
-    """StableReinforce's refined surrogate (arXiv 2505.02835) as a loss mode: GRPO's advantages, then
-    [`preclip_ppo_loss`] with TRL's reference KL, vLLM ratio and normaliser per micro-batch."""
+    """StableReinforce's refined surrogate (arXiv 2505.02835) as a loss mode: TRL's advantages (either
+    `multi_objective_aggregation`), then [`preclip_ppo_loss`] with TRL's reference KL, vLLM ratio and normaliser per
+    micro-batch."""
 
     weights_sampling = True  # TRL's vLLM ratio multiplies the per-token loss here, before the KL, as in TRL
     bound: float = 1e3
@@ -228,6 +225,7 @@ class StableReinforceMode:
     beta: float = 0.0
     bias_correction_kl: bool = False
     scale: str = "group"
+    aggregation: str = "sum_then_normalize"
     _inputs: dict | None = None
 
     def needs_old_logps(self) -> bool:
@@ -241,7 +239,9 @@ class StableReinforceMode:
 
     def advantages(self, rewards, weights, complete, lengths, num_generations, max_length, seq_logp_old=None):
         """`(N, K)` rewards -> `(GRPO advantages (N,), None, {})`."""
-        advantages, _ = grpo_advantages(rewards, lengths, num_generations, weights.to(rewards), self.scale)
+        advantages = trl_advantages(
+            rewards, lengths, num_generations, weights.to(rewards), self.scale, self.aggregation
+        )
         return advantages, None, {}
 
     def loss(self, per_token_logps, mask, advantages, old_per_token_logps, accumulation, step_tokens, max_length):

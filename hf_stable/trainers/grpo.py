@@ -26,6 +26,7 @@ from ..callbacks.stability import add_stability_callbacks
 from ..cards import CardSections
 from ..losses.advantages import ADVANTAGE_ESTIMATORS, check_correctness_index, group_zscore
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.length_mask import LENGTH_MASKS, check_length_mask, reference_lengths
 from ..losses.policy import LOSS_MODES, importance_weighted, sequence_logp
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS, StepContext
 from ..losses.reward_weighting import influence_scores
@@ -108,6 +109,9 @@ class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
         check_correctness_index(
             "correctness_reward_index", args.correctness_reward_index, k, required=bool(args.success_counters())
         )
+        self._length_mask = LENGTH_MASKS.active(args)
+        if self._length_mask is not None:
+            check_length_mask(args, k, self.train_dataset, self.eval_dataset)
         transform = REWARD_TRANSFORMS.active(args)
         self._transform = transform(k, **transform.params_from(args)) if transform is not None else None
         weighting = REWARD_WEIGHTINGS.get(args.reward_weighting)
@@ -140,14 +144,25 @@ class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # (N_global, K)
         validating = getattr(self, "_validating", False)  # the hypervolume callback's greedy validation
+        mode = "train" if self.model.training else "eval"
+        if self._length_mask is not None:
+            rewards, metrics = self._apply_length_mask(rewards, inputs, completion_ids_list)
+            for key, value in metrics.items() if not validating else ():
+                self._metrics[mode][f"stable/grpo/length_mask/{key}"].append(value)
         if self._transform is not None:
             rewards, metrics = self._transform(rewards)
-            mode = "train" if self.model.training else "eval"
             for key, value in metrics.items() if not validating else ():
                 self._metrics[mode][f"stable/grpo/{key}"].append(value)
         if not validating:
             self._stash_rewards = rewards
         return rewards
+
+    def _apply_length_mask(self, rewards, inputs, completion_ids_list):
+        """The gathered `(N, K)` rewards with the length mask applied; lengths and references gathered likewise."""
+        text = getattr(self.processing_class, "tokenizer", self.processing_class)
+        local = reference_lengths(inputs, self.args.length_mask_reference, text), list(map(len, completion_ids_list))
+        reference, lengths = (self.accelerator.gather(torch.tensor(x, device=rewards.device).float()) for x in local)
+        return self._length_mask(rewards, lengths, reference, **self._length_mask.params_from(self.args))
 
     # ------------------------------------------------------------------------------------------------------------
     # advantages

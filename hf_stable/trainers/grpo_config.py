@@ -10,6 +10,7 @@ from trl import GRPOConfig
 from ..callbacks.snr_lr import LR_SCALING
 from ..losses.advantages import ADVANTAGE_ESTIMATORS
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.length_mask import LENGTH_MASKS
 from ..losses.policy import LOSS_MODES
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS
 from ..losses.stable_reinforce import ADVANTAGE_FILTERS
@@ -29,6 +30,7 @@ GRPO_REGISTRIES = (
     INTRINSIC_REWARDS,
     LR_SCALING,
     ADVANTAGE_FILTERS,
+    LENGTH_MASKS,
 )
 
 
@@ -72,6 +74,10 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
         advantage_filter_sigma (`float`, *optional*):
             StableReinforce's advantage filter (arXiv 2505.02835): the batch's final advantages are standardised
             (token-weighted) and those beyond this many standard deviations set to 0; 3 is the paper's. `None`: off.
+        length_mask_rewards (`list[int]`, *optional*):
+            Length-conditional reward masking (BalCapRL, arXiv 2605.07394): these reward columns are withheld
+            (`length_mask_fill`) from completions whose length ratio to `length_mask_reference` leaves
+            [`length_mask_min_ratio`, `length_mask_max_ratio`]. `None`: off.
     """
 
     advantage_estimator: str = field(
@@ -94,11 +100,16 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     advantage_filter_sigma: float | None = field(
         default=None, metadata={"help": "Standardise the advantages and zero those beyond k sigma; None: off."}
     )
+    length_mask_rewards: list[int] | None = field(
+        default=None, metadata={"help": "Reward columns withheld outside the length band (BalCapRL); None: off."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if isinstance(self.correctness_reward_index, str) and self.correctness_reward_index.isdigit():
             self.correctness_reward_index = int(self.correctness_reward_index)  # from YAML or the command line
+        if isinstance(self.length_mask_reference, str) and self.length_mask_reference.replace(".", "", 1).isdigit():
+            self.length_mask_reference = float(self.length_mask_reference)  # a number of tokens, from the CLI
         for registry in GRPO_REGISTRIES:
             registry.validate(self)
 

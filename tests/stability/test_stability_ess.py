@@ -148,7 +148,6 @@ def test_the_mode_reads_the_batch_extras():
         ("entropy_coef", 0.01),
         ("use_adaptive_entropy", True),
         ("off_policy_mask_threshold", 0.5),
-        ("multi_objective_aggregation", "normalize_then_sum"),
         ("advantage_estimator", "sgrpo"),
     ],
 )

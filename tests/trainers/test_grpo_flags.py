@@ -83,6 +83,12 @@ ALTERNATIVES = {
     "oblr_lr_min_ratio": 0.9,
     "oblr_snr_ema": 0.0,
     "oblr_snr_params": r"embed_tokens",
+    # length-conditional reward masking (the base masks the correctness reward beyond 4 tokens)
+    "length_mask_rewards": [1],
+    "length_mask_reference": 2,
+    "length_mask_min_ratio": 0.9,
+    "length_mask_max_ratio": 2.0,
+    "length_mask_fill": -1.0,
 }
 # Fields that change neither the update nor a refusal: one reason each.
 ALLOWLIST: dict[str, str] = {
@@ -127,6 +133,9 @@ BASES = {
         "oblr_snr_params": "embed",
     },
     "oblr_lr_min_ratio": {"gradient_accumulation_steps": 2},
+    "length_mask_rewards": {"length_mask_reference": 2},
+    # the completions beyond 4 tokens are wrong (reward 0): a fill of -1 makes withholding their reward visible
+    "length_mask_max_ratio": {"length_mask_fill": -1.0},
     "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 1e-6, **_TWO_STEPS},
 }
 # every case of a controller's field runs long enough for its weights to act
