@@ -18,7 +18,7 @@ from ._quiet import _DropMessage
 # the carry in 70% of the rows that have one (`with_carry_errors`), 2,400 SFT steps at LR 1e-3, then GRPO with full
 # fine-tuning, G = 8, temperature 1, LR 1e-4 on fresh problems: the warm start prefers a wrong rule the verifier
 # corrects. The testbed's control (`experiments/grpo_rl_control.py`) measures this recipe's held-out gain over seeds.
-GRPO_STEPS_FULL = 500
+GRPO_STEPS_FULL = 700
 CARRY_ERROR = 0.7
 
 
