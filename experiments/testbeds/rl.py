@@ -6,9 +6,11 @@ Task: `a+b=` with operands 0..99 on the tiny offline Llama (`hf_stable.testing.b
 * Held-out: `HELDOUT` problems dealt once (split seed `SPLIT_SEED`, whatever the run seed); no training row of any
   seed, SFT or RL, contains one of them (`hf_stable.testing.arithmetic_splits`).
 * Warm start: NLL SFT (`StableSFTTrainer` at its defaults = TRL's SFT) from a random init, seeded by the run seed, on
-  LIMITED data: `sft_problems` distinct problems for `sft_steps` steps. A warm start made by stopping SFT early on
-  plenty of data sits just before a jump in accuracy and cannot be improved by RL; one trained long on few problems
-  generalises partially (held-out exact match ~0.4) and can. Trained once, cached under
+  `sft_problems` distinct problems for `sft_steps` steps, written by an imperfect demonstrator: a share
+  `sft_carry_error` of the rows with a carry show the carry dropped (`hf_stable.testing.with_carry_errors`). The
+  warm start learns addition with a wrong carry rule that the verifier's reward can correct. (Without it, a warm
+  start made by stopping SFT early on plenty of data sits just before a jump in accuracy, and one trained long on
+  few problems is limited by what they teach; GRPO raised neither.) Trained once, cached under
   `experiments/cache/testbeds/rl/` keyed by its settings, the seed and the code digest (these sources and the library).
 * RL prompts: fresh problems of the same seed, disjoint from its SFT rows and from the held-out set.
 * RL: `StableGRPOTrainer` at its defaults (= TRL's `GRPOTrainer`: its default loss and advantages), beta 0, G = 8,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -184,13 +187,16 @@ def warm_start(seed: int, recipe: Recipe, data: dict | None = None) -> tuple[Pat
         "wall_s": time.time() - wall,
         "cpu_s": time.process_time() - cpu,
     }
-    tmp_path = path.with_name(path.name + ".tmp")
+    import shutil
+
+    tmp_path = path.with_name(f"{path.name}.tmp{os.getpid()}")  # two scripts may train the same warm start at once
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     (tmp_path / "done.json").write_text(json.dumps(info))
+    if (path / "done.json").exists():  # another process finished it first: keep theirs
+        shutil.rmtree(tmp_path)
+        return path, json.loads((path / "done.json").read_text())
     if path.exists():  # a half-written folder of an interrupted run
-        import shutil
-
         shutil.rmtree(path)
     tmp_path.rename(path)
     return path, info
@@ -343,8 +349,9 @@ def run_grpo(
     else:
         record = _run_grpo(seed, recipe, make_reward(seed, recipe, noise, flip, reward), overrides)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_suffix(".tmp").write_text(json.dumps(record))
-        path.with_suffix(".tmp").rename(path)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        tmp.rename(path)
     curve = " ".join(f"{s}:{e:.3f}" for s, e in record["heldout_curve"])
     print(
         f"[{label} seed {seed}] held-out EM {record['heldout_em_start']:.3f} -> {record['heldout_em_end']:.3f} "
