@@ -82,7 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, result_sizes, run
 from testbeds import arithmetic
 from testbeds.arithmetic import evaluate, load_base, train_steps, warmup_linear
 
@@ -513,22 +513,14 @@ def markdown(result: dict, sizes: Sizes) -> str:
     return "\n".join(lines)
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B1: LoMAP vs LoRA vs DoRA at low rank",
     claim="LoMAP ≥ LoRA at equal rank 1/2/4, and MAP uses the base magnitude (α/‖W0‖ departs from 1) "
     "(arXiv 2505.23094).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, arithmetic.task_data(sizes, sizes.num_val)),
-    aggregate=aggregate,
-    criteria=criteria,
-    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], sizes_of(result["config"]["sizes"]), path),
-    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], result_sizes(Sizes, result), path),
+    markdown=lambda result: markdown(result, result_sizes(Sizes, result)),
     config={
         "methods": list(METHODS),
         "ablation": ABLATION,
@@ -544,7 +536,6 @@ EXPERIMENT = Experiment(
         "selection": "per (seed, method, rank): min validation loss",
         "pilot": PILOT,
     },
-    script=__file__,
     compact_json=True,  # the a/b trajectories of every run would make the JSON ~1.5 MB
 )
 

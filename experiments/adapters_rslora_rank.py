@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, result_sizes, run
 from testbeds import arithmetic
 from testbeds.arithmetic import evaluate, load_base, train_steps, warmup_linear
 
@@ -428,21 +428,15 @@ def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     return criteria(per_seed, agg, sizes, LRS[0])
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B2: LoRA (α/r) vs rsLoRA (α/√r) across ranks",
     claim="With α/r the loss stops improving with rank; with α/√r it keeps improving (rsLoRA, arXiv 2312.03732).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, arithmetic.task_data(sizes, sizes.num_test)),
     aggregate=lambda per_seed, sizes: aggregate(per_seed),
     criteria=judged,
-    plot=lambda result, path: plot(result["aggregate"], sizes_of(result["config"]["sizes"]), path),
-    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    plot=lambda result, path: plot(result["aggregate"], result_sizes(Sizes, result), path),
+    markdown=lambda result: markdown(result, result_sizes(Sizes, result)),
     config={
         "alpha": ALPHA,
         "lrs": list(LRS),
@@ -454,7 +448,6 @@ EXPERIMENT = Experiment(
         "task_T_prime": "85-47=038",
         "pilot": PILOT,
     },
-    script=__file__,
 )
 
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -23,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from testbeds import tiny_trl
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent
+
 SPLIT_SEED = 1234
 PROMPT_LEN, ANSWER_LEN = 6, 3  # `47+85=`, `132`
 
@@ -138,22 +138,16 @@ def train_steps(
 
 def pretrain_cache_dir(name: str, seed: int, sizes: Sizes) -> Path:
     fields = {k: v for k, v in asdict(sizes).items() if k.startswith("pretrain") or k == "hidden_size"}
-    key = hashlib.sha1(json.dumps({**fields, "task": "add2-fixed3"}, sort_keys=True).encode()).hexdigest()[:10]
-    return EXPERIMENTS / "cache" / name / f"pretrain_seed{seed}_{key}"
+    return tiny_trl.cache_dir(name, "pretrain", seed, {**fields, "task": "add2-fixed3"})
 
 
 def pretrain(name: str, seed: int, sizes: Sizes, data: dict) -> Path:
     """The seed's model pretrained on T, saved under `experiments/cache/<name>/` (reused when there)."""
     path = pretrain_cache_dir(name, seed, sizes)
-    if (path / "done.json").exists():
-        print(f"[seed {seed}] pretrain: cached {path.relative_to(EXPERIMENTS)}", flush=True)
+    if tiny_trl.cached(path, seed, "pretrain"):
         return path
-    from hf_stable.testing import build_tiny_model
-
     start = time.time()
-    model, tokenizer = build_tiny_model(
-        seed=seed, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size, max_position_embeddings=16
-    )
+    model, tokenizer = tiny_trl.tiny_llama(seed, sizes.hidden_size, max_position_embeddings=16)
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.pretrain_lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(sizes.pretrain_steps, 0.05))
