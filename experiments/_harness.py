@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -93,6 +94,26 @@ class Experiment:
 # small shared helpers
 
 
+SCRIPT_PARTS = ("run_seed", "aggregate", "criteria", "plot", "markdown")
+
+
+def declare(namespace: dict, **fields) -> Experiment:
+    """The `Experiment` of the script whose module namespace (`globals()`) is given, taking what it does not say from
+    the script's own names: `name` from `NAME`, `script` from `__file__`, `sizes` from `Sizes()`, `quick_sizes` from
+    `QUICK`, and `run_seed`, `aggregate`, `criteria`, `plot`, `markdown` from the functions of those names. `fields`
+    (title, claim, config, ...) add the rest or replace any of them."""
+    found = {"name": namespace.get("NAME"), "script": namespace.get("__file__"), "quick_sizes": namespace.get("QUICK")}
+    found.update({part: namespace.get(part) for part in SCRIPT_PARTS})
+    if "sizes" not in fields and "Sizes" in namespace:
+        found["sizes"] = namespace["Sizes"]()
+    return Experiment(**{**{k: v for k, v in found.items() if v is not None}, **fields})
+
+
+def result_sizes(cls, result: dict):
+    """The sizes a result ran with, as the script's sizes dataclass `cls` (JSON lists back to tuples)."""
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in result["config"]["sizes"].items()})
+
+
 def mean_std(values: list[float]) -> dict:
     """Mean, sample std (ddof 1; 0 for one value) and the values themselves."""
     values = [float(v) for v in values]
@@ -106,6 +127,31 @@ def mean_std(values: list[float]) -> dict:
 def fmt(ms: dict, digits: int = 3, sign: bool = False) -> str:
     """`mean ± std` of a `mean_std` dict."""
     return f"{ms['mean']:{'+' if sign else ''}.{digits}f} ± {ms['std']:.{digits}f}"
+
+
+def finite(x: float, digits: int = 3) -> str:
+    """`x` with `digits` decimals, or "nan" when it is not finite."""
+    return "nan" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def subplots(rows: int, cols: int, figsize: tuple[float, float], **kwargs):
+    """`(figure, axes)` of a `rows × cols` grid drawn off-screen (the Agg backend: no display needed); `kwargs` go
+    to `plt.subplots`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, cols, figsize=figsize, **kwargs)
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Lay out, write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def criterion(text: str, passed: bool, values: dict | None = None, per_seed: str = "") -> dict:

@@ -74,21 +74,20 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
-import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, result_sizes, run
+from testbeds import arithmetic
+from testbeds.arithmetic import evaluate, load_base, train_steps, warmup_linear
 
 
 NAME = "adapters_map_rank"
-ROOT = Path(__file__).resolve().parent
 METHODS = ("lora", "dora", "map")
 ABLATION = "map10"  # LoMAP with map_scalar_lr = 10 × LR
 LABELS = {"lora": "LoRA", "dora": "DoRA", "map": "LoMAP", "map10": "LoMAP (scalar LR 10×)"}
@@ -100,10 +99,8 @@ LR_GRID = {  # per method, centred on its optimum in the pilot (see the docstrin
     "map10": (3e-3, 1e-2, 3e-2),
 }
 MAP_SCALAR_LR_MULT = {"map": 1.0, "map10": 10.0}
-SPLIT_SEED = 1234
 TOL = 0.05  # nats/token, pre-registered (see the docstring)
 A_THRESHOLD = 0.01
-PROMPT_LEN, ANSWER_LEN = 6, 3  # `47+85=`, `132`
 PILOT = {
     "seeds": [100, 101, 102, 103],
     "pilot1_seed100_grid_1e-3_3e-3_1e-2": "best LR = top of the grid in 8 of 9 (method, rank) cells: grids moved up",
@@ -130,143 +127,13 @@ PILOT = {
 
 
 @dataclass(frozen=True)
-class Sizes:
-    hidden_size: int = 64
-    pretrain_steps: int = 2500
-    pretrain_batch: int = 64
-    pretrain_lr: float = 3e-3
-    num_test: int = 500
-    num_val: int = 500
-    steps: int = 150
-    batch: int = 64
+class Sizes(arithmetic.Sizes):
     traj_every: int = 10
     ranks: tuple = RANKS
     ablation: bool = True
 
 
 QUICK = Sizes(pretrain_steps=60, num_test=100, num_val=100, steps=8, traj_every=4, ranks=(1, 4), ablation=False)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# task
-
-
-def encoder():
-    from hf_stable.testing import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    vocab = tokenizer.get_vocab()
-    eos = tokenizer.eos_token_id
-    return lambda text: [vocab[c] for c in text] + [eos]
-
-
-def encode_problems(problems, op: str) -> torch.Tensor:
-    """`[N, 10]` token ids: prompt (6) + 3-digit answer + eos."""
-    encode = encoder()
-    rows = []
-    for a, b in problems:
-        c = a + b if op == "+" else a - b
-        rows.append(encode(f"{a:02d}{op}{b:02d}={c:0{ANSWER_LEN}d}"))
-    return torch.tensor(rows)
-
-
-def task_data(sizes: Sizes) -> dict:
-    """T (all additions) and the fixed T′ split (subtractions a ≥ b)."""
-    additions = [(a, b) for a in range(100) for b in range(100)]
-    subtractions = [(a, b) for a in range(100) for b in range(a + 1)]
-    random.Random(SPLIT_SEED).shuffle(subtractions)
-    test = subtractions[: sizes.num_test]
-    val = subtractions[sizes.num_test : sizes.num_test + sizes.num_val]
-    train = subtractions[sizes.num_test + sizes.num_val :]
-    return {
-        "T": encode_problems(additions, "+"),
-        "train": encode_problems(train, "-"),
-        "val": encode_problems(val, "-"),
-        "test": encode_problems(test, "-"),
-        "train_eval": encode_problems(train[: sizes.num_val], "-"),
-    }
-
-
-def token_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """Mean NLL per supervised token (answer digits + eos), teacher forced. No padding: all rows have one length."""
-    logits = model(input_ids=ids[:, :-1]).logits[:, PROMPT_LEN - 1 :]
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), ids[:, PROMPT_LEN:].reshape(-1)
-    )
-
-
-@torch.no_grad()
-def evaluate(model, ids: torch.Tensor, chunk: int = 500) -> dict:
-    """Test loss and greedy exact match of the 3 answer digits."""
-    was_training = model.training
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(ids), chunk):
-        batch = ids[start : start + chunk]
-        loss_sum += token_loss(model, batch).item() * len(batch)
-        seq = batch[:, :PROMPT_LEN]
-        for _ in range(ANSWER_LEN):
-            seq = torch.cat([seq, model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        correct += (seq[:, PROMPT_LEN:] == batch[:, PROMPT_LEN : PROMPT_LEN + ANSWER_LEN]).all(1).sum().item()
-    model.train(was_training)
-    loss = loss_sum / len(ids)
-    return {"loss": loss if math.isfinite(loss) else float("inf"), "exact_match": correct / len(ids)}
-
-
-def warmup_linear(steps: int, warmup: float):
-    warm = max(1, round(warmup * steps))
-    return lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / steps)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# pretraining on T (cached)
-
-
-def pretrain_cache_dir(seed: int, sizes: Sizes) -> Path:
-    fields = {k: v for k, v in asdict(sizes).items() if k.startswith("pretrain") or k == "hidden_size"}
-    key = hashlib.sha1(json.dumps({**fields, "task": "add2-fixed3"}, sort_keys=True).encode()).hexdigest()[:10]
-    return ROOT / "cache" / NAME / f"pretrain_seed{seed}_{key}"
-
-
-def pretrain(seed: int, sizes: Sizes, data: dict) -> Path:
-    path = pretrain_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        print(f"[seed {seed}] pretrain: cached {path.relative_to(ROOT)}", flush=True)
-        return path
-    from hf_stable.testing import build_tiny_model
-
-    start = time.time()
-    model, tokenizer = build_tiny_model(
-        seed=seed, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size, max_position_embeddings=16
-    )
-    gen = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.pretrain_lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(sizes.pretrain_steps, 0.05))
-    model.train()
-    for _ in range(sizes.pretrain_steps):
-        batch = data["T"][torch.randint(0, len(data["T"]), (sizes.pretrain_batch,), generator=gen)]
-        loss = token_loss(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-    on_t = evaluate(model, data["T"][torch.randperm(len(data["T"]), generator=gen)[:1000]])
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    info = {"T": on_t, "seconds": time.time() - start, "steps": sizes.pretrain_steps}
-    (path / "done.json").write_text(json.dumps(info))
-    print(
-        f"[seed {seed}] pretrain: T loss {on_t['loss']:.3f} EM {on_t['exact_match']:.3f} in {info['seconds']:.0f}s",
-        flush=True,
-    )
-    return path
-
-
-def load_base(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -326,18 +193,13 @@ def adapt(base, seed: int, method: str, rank: int, lr: float, data: dict, order:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(sizes.steps, 0.1))
     is_map = method.startswith("map")
     trajectory = [{"step": 0, "scalars": map_scalars(model)}] if is_map else []
-    train_losses = []
-    model.train()
-    for step in range(sizes.steps):
-        loss = token_loss(model, data["train"][order[step]])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        train_losses.append(loss.item())
-        if is_map and ((step + 1) % sizes.traj_every == 0 or step + 1 == sizes.steps):
-            trajectory.append({"step": step + 1, "scalars": map_scalars(model)})
+
+    def record(step, model):
+        if is_map and (step % sizes.traj_every == 0 or step == sizes.steps):
+            trajectory.append({"step": step, "scalars": map_scalars(model)})
+
+    batches = (data["train"][order[step]] for step in range(sizes.steps))
+    train_losses = train_steps(model, params, optimizer, scheduler, batches, record)
     val, test, train = evaluate(model, data["val"]), evaluate(model, data["test"]), evaluate(model, data["train_eval"])
     merged = model.merge_and_unload()
     val_merged = evaluate(merged, data["val"])
@@ -368,7 +230,7 @@ def adapt(base, seed: int, method: str, rank: int, lr: float, data: dict, order:
 
 
 def run_seed(seed: int, sizes: Sizes, data: dict) -> dict:
-    path = pretrain(seed, sizes, data)
+    path = arithmetic.pretrain(NAME, seed, sizes, data)
     base = load_base(path)
     pretrained = {
         "T": json.loads((path / "done.json").read_text())["T"],
@@ -651,22 +513,14 @@ def markdown(result: dict, sizes: Sizes) -> str:
     return "\n".join(lines)
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B1: LoMAP vs LoRA vs DoRA at low rank",
     claim="LoMAP ≥ LoRA at equal rank 1/2/4, and MAP uses the base magnitude (α/‖W0‖ departs from 1) "
     "(arXiv 2505.23094).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=lambda seed, sizes: run_seed(seed, sizes, task_data(sizes)),
-    aggregate=aggregate,
-    criteria=criteria,
-    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], sizes_of(result["config"]["sizes"]), path),
-    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, arithmetic.task_data(sizes, sizes.num_val)),
+    plot=lambda result, path: plot(result["per_seed"], result["aggregate"], result_sizes(Sizes, result), path),
+    markdown=lambda result: markdown(result, result_sizes(Sizes, result)),
     config={
         "methods": list(METHODS),
         "ablation": ABLATION,
@@ -674,7 +528,7 @@ EXPERIMENT = Experiment(
         "map_scalar_lr_mult": MAP_SCALAR_LR_MULT,
         "lora_alpha": "2r",
         "target_modules": "all-linear",
-        "split_seed": SPLIT_SEED,
+        "split_seed": arithmetic.SPLIT_SEED,
         "tol": TOL,
         "a_threshold": A_THRESHOLD,
         "task_T": "47+85=132",
@@ -682,7 +536,6 @@ EXPERIMENT = Experiment(
         "selection": "per (seed, method, rank): min validation loss",
         "pilot": PILOT,
     },
-    script=__file__,
     compact_json=True,  # the a/b trajectories of every run would make the JSON ~1.5 MB
 )
 

@@ -57,30 +57,27 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 import math
-import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, result_sizes, run
+from testbeds import arithmetic
+from testbeds.arithmetic import evaluate, load_base, train_steps, warmup_linear
 
 
 NAME = "adapters_rslora_rank"
-ROOT = Path(__file__).resolve().parent
 SCALINGS = ("lora", "rslora")
 LABELS = {"lora": "LoRA (α/r)", "rslora": "rsLoRA (α/√r)"}
 RANKS = (1, 4, 16, 64)
 ALPHA = 2.0
 LRS = (1e-2, 3e-3)  # the first is the pre-registered LR of the criteria; the others are reported
 TOL = 0.05  # nats/token, pre-registered (see the docstring)
-SPLIT_SEED = 1234
-PROMPT_LEN, ANSWER_LEN = 6, 3  # `47+85=`, `132`
 PILOT = {
     "seeds": [100, 101, 102, 103],
     "pretrain_T_exact_match": {
@@ -106,140 +103,14 @@ PILOT = {
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(arithmetic.Sizes):
     hidden_size: int = 128
     pretrain_steps: int = 2000
-    pretrain_batch: int = 64
-    pretrain_lr: float = 3e-3
-    num_test: int = 500
-    num_val: int = 500
-    steps: int = 150
-    batch: int = 64
     ratio_every: int = 10
     ranks: tuple = RANKS
 
 
 QUICK = Sizes(hidden_size=64, pretrain_steps=60, num_test=100, num_val=100, steps=8, ratio_every=4, ranks=(1, 4, 16))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# task (as in adapters_map_rank.py)
-
-
-def encoder():
-    from hf_stable.testing import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    vocab = tokenizer.get_vocab()
-    eos = tokenizer.eos_token_id
-    return lambda text: [vocab[c] for c in text] + [eos]
-
-
-def encode_problems(problems, op: str) -> torch.Tensor:
-    """`[N, 10]` token ids: prompt (6) + 3-digit answer + eos."""
-    encode = encoder()
-    rows = []
-    for a, b in problems:
-        c = a + b if op == "+" else a - b
-        rows.append(encode(f"{a:02d}{op}{b:02d}={c:0{ANSWER_LEN}d}"))
-    return torch.tensor(rows)
-
-
-def task_data(sizes: Sizes) -> dict:
-    """T (all additions) and the fixed T′ split (subtractions a ≥ b)."""
-    additions = [(a, b) for a in range(100) for b in range(100)]
-    subtractions = [(a, b) for a in range(100) for b in range(a + 1)]
-    random.Random(SPLIT_SEED).shuffle(subtractions)
-    test = subtractions[: sizes.num_test]
-    train = subtractions[sizes.num_test + sizes.num_val :]
-    return {
-        "T": encode_problems(additions, "+"),
-        "train": encode_problems(train, "-"),
-        "test": encode_problems(test, "-"),
-        "train_eval": encode_problems(train[: sizes.num_test], "-"),
-    }
-
-
-def token_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """Mean NLL per supervised token (answer digits + eos), teacher forced. No padding: all rows have one length."""
-    logits = model(input_ids=ids[:, :-1]).logits[:, PROMPT_LEN - 1 :]
-    return torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), ids[:, PROMPT_LEN:].reshape(-1)
-    )
-
-
-@torch.no_grad()
-def evaluate(model, ids: torch.Tensor, chunk: int = 500) -> dict:
-    """Loss and greedy exact match of the 3 answer digits."""
-    was_training = model.training
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(ids), chunk):
-        batch = ids[start : start + chunk]
-        loss_sum += token_loss(model, batch).item() * len(batch)
-        seq = batch[:, :PROMPT_LEN]
-        for _ in range(ANSWER_LEN):
-            seq = torch.cat([seq, model(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        correct += (seq[:, PROMPT_LEN:] == batch[:, PROMPT_LEN : PROMPT_LEN + ANSWER_LEN]).all(1).sum().item()
-    model.train(was_training)
-    loss = loss_sum / len(ids)
-    return {"loss": loss if math.isfinite(loss) else float("inf"), "exact_match": correct / len(ids)}
-
-
-def warmup_linear(steps: int, warmup: float):
-    warm = max(1, round(warmup * steps))
-    return lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / steps)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# pretraining on T (cached)
-
-
-def pretrain_cache_dir(seed: int, sizes: Sizes) -> Path:
-    fields = {k: v for k, v in asdict(sizes).items() if k.startswith("pretrain") or k == "hidden_size"}
-    key = hashlib.sha1(json.dumps({**fields, "task": "add2-fixed3"}, sort_keys=True).encode()).hexdigest()[:10]
-    return ROOT / "cache" / NAME / f"pretrain_seed{seed}_{key}"
-
-
-def pretrain(seed: int, sizes: Sizes, data: dict) -> Path:
-    path = pretrain_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        print(f"[seed {seed}] pretrain: cached {path.relative_to(ROOT)}", flush=True)
-        return path
-    from hf_stable.testing import build_tiny_model
-
-    start = time.time()
-    model, tokenizer = build_tiny_model(
-        seed=seed, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size, max_position_embeddings=16
-    )
-    gen = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.pretrain_lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(sizes.pretrain_steps, 0.05))
-    model.train()
-    for _ in range(sizes.pretrain_steps):
-        batch = data["T"][torch.randint(0, len(data["T"]), (sizes.pretrain_batch,), generator=gen)]
-        loss = token_loss(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-    on_t = evaluate(model, data["T"][torch.randperm(len(data["T"]), generator=gen)[:1000]])
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    info = {"T": on_t, "seconds": time.time() - start, "steps": sizes.pretrain_steps}
-    (path / "done.json").write_text(json.dumps(info))
-    print(
-        f"[seed {seed}] pretrain: T loss {on_t['loss']:.3f} EM {on_t['exact_match']:.3f} in {info['seconds']:.0f}s",
-        flush=True,
-    )
-    return path
-
-
-def load_base(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -271,16 +142,13 @@ def adapt(base, seed: int, scaling: str, rank: int, lr: float, data: dict, order
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(sizes.steps, 0.1))
     ratios = []
-    model.train()
-    for step in range(sizes.steps):
-        loss = token_loss(model, data["train"][order[step]])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if (step + 1) % sizes.ratio_every == 0 or step + 1 == sizes.steps:
-            ratios.append({"step": step + 1, "ratio": meter.measure(model)["stable/adapters/update_ratio_mean"]})
+
+    def record(step, model):
+        if step % sizes.ratio_every == 0 or step == sizes.steps:
+            ratios.append({"step": step, "ratio": meter.measure(model)["stable/adapters/update_ratio_mean"]})
+
+    batches = (data["train"][order[step]] for step in range(sizes.steps))
+    train_steps(model, params, optimizer, scheduler, batches, record)
     train, test = evaluate(model, data["train_eval"]), evaluate(model, data["test"])
     return {
         "scale": scale,
@@ -296,7 +164,7 @@ def adapt(base, seed: int, scaling: str, rank: int, lr: float, data: dict, order
 
 
 def run_seed(seed: int, sizes: Sizes, data: dict) -> dict:
-    path = pretrain(seed, sizes, data)
+    path = arithmetic.pretrain(NAME, seed, sizes, data)
     base = load_base(path)
     pre = evaluate(base, data["test"])
     pre_train = evaluate(base, data["train_eval"])
@@ -560,33 +428,26 @@ def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     return criteria(per_seed, agg, sizes, LRS[0])
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B2: LoRA (α/r) vs rsLoRA (α/√r) across ranks",
     claim="With α/r the loss stops improving with rank; with α/√r it keeps improving (rsLoRA, arXiv 2312.03732).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=lambda seed, sizes: run_seed(seed, sizes, task_data(sizes)),
+    run_seed=lambda seed, sizes: run_seed(seed, sizes, arithmetic.task_data(sizes, sizes.num_test)),
     aggregate=lambda per_seed, sizes: aggregate(per_seed),
     criteria=judged,
-    plot=lambda result, path: plot(result["aggregate"], sizes_of(result["config"]["sizes"]), path),
-    markdown=lambda result: markdown(result, sizes_of(result["config"]["sizes"])),
+    plot=lambda result, path: plot(result["aggregate"], result_sizes(Sizes, result), path),
+    markdown=lambda result: markdown(result, result_sizes(Sizes, result)),
     config={
         "alpha": ALPHA,
         "lrs": list(LRS),
         "criteria_lr": LRS[0],
         "tol": TOL,
         "target_modules": "all-linear",
-        "split_seed": SPLIT_SEED,
+        "split_seed": arithmetic.SPLIT_SEED,
         "task_T": "47+85=132",
         "task_T_prime": "85-47=038",
         "pilot": PILOT,
     },
-    script=__file__,
 )
 
 

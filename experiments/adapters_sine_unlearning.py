@@ -69,7 +69,6 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -79,11 +78,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, run
+from _harness import declare, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 NAME = "adapters_sine_unlearning"
-ROOT = Path(__file__).resolve().parent
 ARMS = ("lora", "sine_10", "sine_100", "sine_300")
 FREQS = {"sine_10": 10.0, "sine_100": 100.0, "sine_300": 300.0}
 LABELS = {"lora": "vanilla LoRA", "sine_10": "sine ω=10", "sine_100": "sine ω=100", "sine_300": "sine ω=300"}
@@ -175,22 +174,16 @@ def base_cache_dir(seed: int, sizes: Sizes) -> Path:
         for k, v in asdict(sizes).items()
         if k.startswith("base") or k in ("num_forget", "num_retain", "hidden_size")
     }
-    key = hashlib.sha1(json.dumps({**fields, "key_len": 4, "letters": LETTERS}, sort_keys=True).encode())
-    return ROOT / "cache" / NAME / f"base_seed{seed}_{key.hexdigest()[:10]}"
+    return tiny_trl.cache_dir(NAME, "base", seed, {**fields, "key_len": 4, "letters": LETTERS})
 
 
 def train_base(seed: int, sizes: Sizes, forget: list[dict], retain: list[dict]) -> Path:
     """Full fine-tune of a random-init tiny Llama on retain ∪ forget (or the cached checkpoint of `seed`)."""
     path = base_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        print(f"[seed {seed}] base: cached {path.relative_to(ROOT)}", flush=True)
+    if tiny_trl.cached(path, seed, "base"):
         return path
-    from hf_stable.testing import build_tiny_model
-
     start = time.time()
-    model, tokenizer = build_tiny_model(
-        seed=seed, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size, max_position_embeddings=16
-    )
+    model, tokenizer = tiny_trl.tiny_llama(seed, sizes.hidden_size, max_position_embeddings=16)
     ids, labels = encode(tokenizer, forget + retain)
     opt = torch.optim.AdamW(model.parameters(), lr=sizes.base_lr, weight_decay=0.0)
     warmup, total = sizes.base_warmup, sizes.base_steps
@@ -624,12 +617,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
 
 
 def plot(agg: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    fig, axes = subplots(2, 3, figsize=(16, 8.5))
     panels = [
         (axes[0, 0], "dw_fro_sum", "‖ΔW_MLP‖_F (sum over 6 matrices)", True),
         (axes[0, 1], "grad_norm", "adapter gradient norm", True),
@@ -671,9 +659,7 @@ def plot(agg: dict, path: Path) -> None:
     )
     ax.legend(fontsize=8, loc="center right")
     fig.suptitle("E-B4: gradient difference with MLP adapters, vanilla LoRA vs sine (seed means)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def interpretation(agg: dict, checks: dict, hidden_size: int) -> str:
@@ -821,18 +807,14 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B4: bounded sine adapters for gradient-difference unlearning",
     claim="Bounded sine MLP adapters keep gradient-difference unlearning stable where plain LoRA's adapter norm, "
     "gradients and retained accuracy blow up (Stable Forgetting, arXiv 2509.24166).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, ARMS),
     aggregate=lambda per_seed, sizes: aggregate(per_seed, ARMS),
-    criteria=criteria,
     plot=lambda result, path: plot(result["aggregate"], path),
-    markdown=markdown,
     config={
         "arms": list(ARMS),
         "freqs": FREQS,
@@ -847,7 +829,6 @@ EXPERIMENT = Experiment(
             "retain_keep": RETAIN_KEEP,
         },
     },
-    script=__file__,
 )
 
 

@@ -100,7 +100,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, fmt, mean_std
+from _harness import declare, fmt, mean_std, save_figure, subplots
 from _harness import run as run_experiment
 
 
@@ -610,12 +610,7 @@ def reliability(ax, bins: dict, label: str, color: str, marker: str) -> None:
 
 
 def plot(agg: dict, per_seed: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
+    fig, axes = subplots(1, 4, figsize=(21, 4.6))
     det, tfb = agg["deterministic"], agg["tfb"][arm_key(MAIN_NOISE, MAIN_BUDGET)]
     wps = agg["tfb"][arm_key(EXTRA_NOISE, MAIN_BUDGET)]
     panels = ((axes[0], "heldout", "held-out (2-digit)"), (axes[1], "shifted", "shifted (3-digit pad)"))
@@ -683,9 +678,7 @@ def plot(agg: dict, per_seed: dict, path: Path) -> None:
     axes[3].set(title="mean predictive entropy (10-way, nats; @1%)", ylabel="entropy")
     axes[3].legend(fontsize=8, loc="upper left")
     fig.suptitle("E-B3: TFB on an overconfident LoRA (class (a+b)//20 of two 2-digit operands; mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def interpretation(agg: dict, checks: dict, per_seed: dict, posthoc: dict) -> str:
@@ -823,18 +816,15 @@ def with_reported(per_seed: dict, sizes: Sizes) -> dict:
     return agg
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-B3: TFB calibration of an overconfident LoRA",
     claim="Training-free Bayesianisation (TFB) lowers the ECE and NLL of an overconfident LoRA at about the same "
     "accuracy (arXiv 2412.05723).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, False),
     aggregate=with_reported,
     criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg),
     plot=lambda result, path: plot(result["aggregate"], result["per_seed"], path),
-    markdown=markdown,
     config={
         "budgets": list(BUDGETS),
         "main_budget": MAIN_BUDGET,
@@ -855,7 +845,6 @@ EXPERIMENT = Experiment(
             "base_completion": reversed_sum(47, 85),
         },
     },
-    script=__file__,
 )
 
 

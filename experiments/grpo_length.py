@@ -58,8 +58,7 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
 
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import random
 import statistics
 import tempfile
@@ -67,12 +66,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 NAME = "grpo_length"
-ROOT = Path(__file__).resolve().parent
 ARMS = ("grpo_lp", "drpo", "onpolicy_sft", "delta_l")
 LABELS = {
     "grpo_lp": "GRPO, length-penalised reward",
@@ -142,11 +140,8 @@ def prompt_of(a: int, b: int) -> str:
 
 def split_problems(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
     """Fixed split (independent of the run seed): test prompts, training pool, training-prompt evaluation subset."""
-    problems = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
-    rng = random.Random(SPLIT_SEED)
-    rng.shuffle(problems)
-    test, pool = problems[: sizes.num_test], problems[sizes.num_test :]
-    return {"test": test, "pool": pool, "train_eval": rng.sample(pool, sizes.num_train_eval)}
+    test, pool, train_eval = tiny_trl.sum_split(MAX_OPERAND, SPLIT_SEED, sizes.num_test, sizes.num_train_eval)
+    return {"test": test, "pool": pool, "train_eval": train_eval}
 
 
 def verbose_rows(pool, n: int, rng: random.Random) -> list[dict]:
@@ -183,34 +178,9 @@ def length_penalised_reward(completions: list[str], answer: list[str], completio
 # measurements
 
 
-def left_padded(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    width, pad = max(map(len, encoded)), tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])
-    return ids, (ids != pad).long()
-
-
-@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], sample: bool, seed: int) -> tuple[list[str], list[int], list[bool]]:
     """Texts, lengths (tokens including eos) and whether each completion was cut at L_MAX tokens."""
-    was_training = model.training
-    model.eval()
-    ids, attention = left_padded(tokenizer, prompts)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attention,
-            max_new_tokens=L_MAX,
-            do_sample=sample,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    model.train(was_training)
-    new = out[:, ids.shape[1] :].tolist()
+    new = tiny_trl.generate_ids(model, tokenizer, prompts, sample, seed, L_MAX)
     eos = tokenizer.eos_token_id
     lengths = [row.index(eos) + 1 if eos in row else len(row) for row in new]
     truncated = [eos not in row for row in new]
@@ -241,35 +211,15 @@ def greedy_accuracy(model, tokenizer, problems) -> float:
 def make_eval_callback(tokenizer, split: dict, sizes: Sizes, seed: int):
     """Records test and training-prompt metrics at step 0, every `eval_every` steps and at the end. The evaluation
     RNG depends on (seed, step) only, so every arm sees the same sampling noise at the same step."""
-    from transformers import TrainerCallback
 
-    class EvalCurve(TrainerCallback):
-        def __init__(self):
-            self.points: list[dict] = []
+    def measure(step: int, model) -> dict:
+        eval_seed = 10_000 * (seed + 1) + step
+        return {
+            "test": evaluate(model, tokenizer, split["test"], sizes.eval_samples, eval_seed),
+            "train": evaluate(model, tokenizer, split["train_eval"], sizes.eval_samples, eval_seed + 5000),
+        }
 
-        def record(self, step: int, model) -> None:
-            if self.points and self.points[-1]["step"] == step:
-                return
-            eval_seed = 10_000 * (seed + 1) + step
-            self.points.append(
-                {
-                    "step": step,
-                    "test": evaluate(model, tokenizer, split["test"], sizes.eval_samples, eval_seed),
-                    "train": evaluate(model, tokenizer, split["train_eval"], sizes.eval_samples, eval_seed + 5000),
-                }
-            )
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.record(0, model)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % sizes.eval_every == 0:
-                self.record(state.global_step, model)
-
-        def on_train_end(self, args, state, control, model=None, **kwargs):
-            self.record(state.global_step, model)
-
-    return EvalCurve()
+    return tiny_trl.curve_callback(measure, sizes.eval_every)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -279,88 +229,24 @@ def make_eval_callback(tokenizer, split: dict, sizes: Sizes, seed: int):
 def warm_cache_dir(seed: int, sizes: Sizes) -> Path:
     fields = {k: v for k, v in asdict(sizes).items() if k.startswith("warm") or k == "num_test"}
     spec = {**fields, "max_operand": MAX_OPERAND, "filler": FILLER, "max_filler": MAX_FILLER, "split": SPLIT_SEED}
-    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return ROOT / "cache" / NAME / f"warm_seed{seed}_{key}"
+    return tiny_trl.cache_dir(NAME, "warm", seed, spec)
 
 
 def warm_start(seed: int, sizes: Sizes, split: dict) -> tuple[Path, bool]:
     """The verbose SFT checkpoint of `seed` (trained once, then loaded from the cache)."""
-    from datasets import Dataset
-    from transformers import PrinterCallback
-
-    from hf_stable import StableSFTConfig, StableSFTTrainer
-    from hf_stable.testing import build_tiny_model
-
     path = warm_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        return path, True
-    start = time.time()
-    model, tokenizer = build_tiny_model(seed=seed, max_position_embeddings=64)
-    rows = verbose_rows(split["pool"], sizes.warm_examples, random.Random(seed))
-    with tempfile.TemporaryDirectory() as tmp:
-        args = StableSFTConfig(
-            output_dir=tmp,
-            seed=seed,
-            learning_rate=sizes.warm_lr,
-            per_device_train_batch_size=sizes.warm_batch,
-            num_train_epochs=1,
-            lr_scheduler_type="linear",
-            warmup_steps=0.1,
-            weight_decay=1e-4,
-            logging_steps=50,
-            max_length=32,
-            use_cpu=True,
-            bf16=False,
-            gradient_checkpointing=False,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
-        trainer = StableSFTTrainer(
-            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
-        )
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    (path / "done.json").write_text(json.dumps({"steps": trainer.state.global_step, "seconds": time.time() - start}))
-    print(f"[seed {seed}] warm start: {trainer.state.global_step} steps in {time.time() - start:.0f}s", flush=True)
-    return path, False
+    rows = functools.partial(verbose_rows, split["pool"], sizes.warm_examples, random.Random(seed))
+    return tiny_trl.sft_warm_start(path, seed, rows, sizes.warm_lr, sizes.warm_batch)
 
 
 def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
-    from hf_stable import StableGRPOConfig
-
     extra = {
         "grpo_lp": {},
         "drpo": {"loss_mode": "drpo"},
         "onpolicy_sft": {"loss_mode": "onpolicy_sft", "osft_require_eos": True},
         "delta_l": {"delta_l_alpha": 1.0, "loss_type": "dr_grpo"},
     }[arm]
-    return StableGRPOConfig(
-        output_dir=output_dir,
-        seed=seed,
-        learning_rate=sizes.learning_rate,
-        lr_scheduler_type="constant",
-        max_steps=sizes.steps,
-        per_device_train_batch_size=sizes.prompts_per_step * sizes.num_generations,
-        num_generations=sizes.num_generations,
-        max_completion_length=OSFT_BUDGET if arm == "onpolicy_sft" else L_MAX,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        logging_steps=sizes.logging_steps,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **extra,
-    )
+    return tiny_trl.grpo_config(output_dir, seed, sizes, OSFT_BUDGET if arm == "onpolicy_sft" else L_MAX, **extra)
 
 
 def train_log(log_history: list[dict]) -> list[dict]:
@@ -378,7 +264,7 @@ def train_log(log_history: list[dict]) -> list[dict]:
 def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> dict:
     """One RL arm from a fresh copy of the warm start (from_pretrained: never a deep copy of a trained model)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PrinterCallback
+    from transformers import AutoModelForCausalLM
 
     from hf_stable import StableGRPOTrainer
     from hf_stable.testing import build_tiny_tokenizer
@@ -396,8 +282,7 @@ def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> 
             processing_class=tokenizer,
             callbacks=[callback],
         )
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        tiny_trl.fit(trainer)
     first, last = callback.points[0], callback.points[-1]
     result = {
         "start": {"test": first["test"], "train": first["train"]},
@@ -534,12 +419,7 @@ def criteria(per_seed: dict, agg: dict, arms: list[str]) -> dict:
 
 
 def plot(per_seed: dict, agg: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    fig, axes = subplots(1, 3, figsize=(17, 4.8))
     start = agg["start"]
     ax = axes[0]
     ax.scatter(
@@ -596,9 +476,7 @@ def plot(per_seed: dict, agg: dict, path: Path) -> None:
     axes[2].axhline(OSFT_BUDGET, color="gray", linestyle="--", label=f"on-policy SFT budget ({OSFT_BUDGET})")
     axes[2].legend(fontsize=8)
     fig.suptitle("E-G1: length control on a verbose tiny model (mean over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def interpretation(agg: dict, checks: dict) -> str:
@@ -687,18 +565,15 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-G1: DRPO, on-policy SFT and ΔL vs length-penalised GRPO",
     claim="DRPO and on-policy SFT shorten correct answers without losing accuracy; ΔL keeps training stable "
     "(arXiv 2510.04474, 2602.13407, 2509.07558).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, list(ARMS)),
     aggregate=lambda per_seed, sizes: aggregate(per_seed, list(ARMS)),
     criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg, list(ARMS)),
     plot=lambda result, path: plot(result["per_seed"], result["aggregate"], path),
-    markdown=markdown,
     config={
         "arms": list(ARMS),
         "max_operand": MAX_OPERAND,
@@ -713,7 +588,6 @@ EXPERIMENT = Experiment(
         "grpo_lp_loss_type": "dapo (TRL default)",
         "pilot": PILOT,
     },
-    script=__file__,
 )
 
 

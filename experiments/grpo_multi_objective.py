@@ -71,8 +71,6 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its verdicts mean nothing):
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import statistics
 import tempfile
@@ -80,12 +78,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 NAME = "grpo_multi_objective"
-ROOT = Path(__file__).resolve().parent
 ARMS = ("static", "dvao", "ctwa", "hypervolume", "gradient")
 ADAPTIVE = ARMS[1:]
 LABELS = {
@@ -177,11 +174,8 @@ def prompt_of(a: int, b: int) -> str:
 
 def split_problems(sizes: Sizes) -> dict[str, list[tuple[int, int]]]:
     """Fixed split (independent of the run seed): test prompts, training pool, validation subset of the pool."""
-    problems = [(a, b) for a in range(MAX_OPERAND + 1) for b in range(MAX_OPERAND + 1)]
-    rng = random.Random(SPLIT_SEED)
-    rng.shuffle(problems)
-    test, pool = problems[: sizes.num_test], problems[sizes.num_test :]
-    return {"test": test, "pool": pool, "val": rng.sample(pool, sizes.num_val)}
+    test, pool, val = tiny_trl.sum_split(MAX_OPERAND, SPLIT_SEED, sizes.num_test, sizes.num_val)
+    return {"test": test, "pool": pool, "val": val}
 
 
 def rows_of(problems) -> list[dict]:
@@ -204,29 +198,10 @@ def even_ending(completions: list[str], **kwargs) -> list[float]:
 # measurements
 
 
-@torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], sample: bool, seed: int) -> list[str]:
-    was_training = model.training
-    model.eval()
-    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    width, pad = max(map(len, encoded)), tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=(ids != pad).long(),
-            max_new_tokens=MAX_COMPLETION,
-            do_sample=sample,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    model.train(was_training)
     eos = tokenizer.eos_token_id
-    new = [row[: row.index(eos)] if eos in row else row for row in out[:, width:].tolist()]
+    new = tiny_trl.generate_ids(model, tokenizer, prompts, sample, seed, MAX_COMPLETION)
+    new = [row[: row.index(eos)] if eos in row else row for row in new]
     return tokenizer.batch_decode(new, skip_special_tokens=True)
 
 
@@ -244,29 +219,11 @@ def evaluate(model, tokenizer, problems, samples: int, seed: int, sample: bool =
 def make_eval_callback(tokenizer, problems, sizes: Sizes, seed: int):
     """Records the held-out objective means at step 0, every `eval_every` steps and at the end (evaluation RNG
     depends on (seed, step) only, shared by all arms)."""
-    from transformers import TrainerCallback
 
-    class EvalCurve(TrainerCallback):
-        def __init__(self):
-            self.points: list[dict] = []
+    def measure(step: int, model) -> dict:
+        return evaluate(model, tokenizer, problems, sizes.eval_samples, 10_000 * (seed + 1) + step)
 
-        def record(self, step: int, model) -> None:
-            if self.points and self.points[-1]["step"] == step:
-                return
-            means = evaluate(model, tokenizer, problems, sizes.eval_samples, 10_000 * (seed + 1) + step)
-            self.points.append({"step": step, **means})
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.record(0, model)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % sizes.eval_every == 0:
-                self.record(state.global_step, model)
-
-        def on_train_end(self, args, state, control, model=None, **kwargs):
-            self.record(state.global_step, model)
-
-    return EvalCurve()
+    return tiny_trl.curve_callback(measure, sizes.eval_every)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -275,65 +232,21 @@ def make_eval_callback(tokenizer, problems, sizes: Sizes, seed: int):
 
 def warm_cache_dir(seed: int, sizes: Sizes) -> Path:
     fields = {k: v for k, v in asdict(sizes).items() if k.startswith("warm") or k == "num_test"}
-    key = hashlib.sha1(
-        json.dumps({**fields, "max_operand": MAX_OPERAND, "split": SPLIT_SEED}, sort_keys=True).encode()
-    ).hexdigest()[:10]
-    return ROOT / "cache" / NAME / f"warm_seed{seed}_{key}"
+    return tiny_trl.cache_dir(NAME, "warm", seed, {**fields, "max_operand": MAX_OPERAND, "split": SPLIT_SEED})
 
 
 def warm_start(seed: int, sizes: Sizes, split: dict) -> tuple[Path, bool]:
     """The SFT checkpoint of `seed` (trained once, then loaded from the cache)."""
-    from datasets import Dataset
-    from transformers import PrinterCallback
 
-    from hf_stable import StableSFTConfig, StableSFTTrainer
-    from hf_stable.testing import build_tiny_model
+    def rows() -> list[dict]:
+        rng = random.Random(seed)
+        picked = rows_of(rng.choice(split["pool"]) for _ in range(sizes.warm_examples))
+        return [{"prompt": r["prompt"], "completion": r["completion"]} for r in picked]
 
-    path = warm_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        return path, True
-    start = time.time()
-    model, tokenizer = build_tiny_model(seed=seed, max_position_embeddings=64)
-    rng = random.Random(seed)
-    rows = [
-        {"prompt": r["prompt"], "completion": r["completion"]}
-        for r in rows_of(rng.choice(split["pool"]) for _ in range(sizes.warm_examples))
-    ]
-    with tempfile.TemporaryDirectory() as tmp:
-        args = StableSFTConfig(
-            output_dir=tmp,
-            seed=seed,
-            learning_rate=sizes.warm_lr,
-            per_device_train_batch_size=sizes.warm_batch,
-            num_train_epochs=1,
-            lr_scheduler_type="linear",
-            warmup_steps=0.1,
-            weight_decay=1e-4,
-            logging_steps=50,
-            max_length=32,
-            use_cpu=True,
-            bf16=False,
-            gradient_checkpointing=False,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
-        trainer = StableSFTTrainer(
-            model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
-        )
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    (path / "done.json").write_text(json.dumps({"steps": trainer.state.global_step, "seconds": time.time() - start}))
-    print(f"[seed {seed}] warm start: {trainer.state.global_step} steps in {time.time() - start:.0f}s", flush=True)
-    return path, False
+    return tiny_trl.sft_warm_start(warm_cache_dir(seed, sizes), seed, rows, sizes.warm_lr, sizes.warm_batch)
 
 
 def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
-    from hf_stable import StableGRPOConfig
-
     extra = {
         "static": {},
         "dvao": {"advantage_estimator": "dvao"},
@@ -345,30 +258,7 @@ def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
             "drw_every_n_steps": sizes.drw_every_n_steps,
         },
     }[arm]
-    return StableGRPOConfig(
-        output_dir=output_dir,
-        seed=seed,
-        learning_rate=sizes.learning_rate,
-        lr_scheduler_type="constant",
-        max_steps=sizes.steps,
-        per_device_train_batch_size=sizes.prompts_per_step * sizes.num_generations,
-        num_generations=sizes.num_generations,
-        max_completion_length=MAX_COMPLETION,
-        reward_weights=BASE_WEIGHTS,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        logging_steps=sizes.logging_steps,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **extra,
-    )
+    return tiny_trl.grpo_config(output_dir, seed, sizes, MAX_COMPLETION, reward_weights=BASE_WEIGHTS, **extra)
 
 
 def train_log(log_history: list[dict]) -> list[dict]:
@@ -388,7 +278,7 @@ def train_log(log_history: list[dict]) -> list[dict]:
 def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> dict:
     """One arm from a fresh copy of the warm start (from_pretrained: never a deep copy of a trained model)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PrinterCallback
+    from transformers import AutoModelForCausalLM
 
     from hf_stable import StableGRPOTrainer
     from hf_stable.testing import build_tiny_tokenizer
@@ -406,8 +296,7 @@ def run_arm(arm: str, seed: int, sizes: Sizes, warm_path: Path, split: dict) -> 
             processing_class=tokenizer,
             callbacks=[callback],
         )
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
+        tiny_trl.fit(trainer)
     log = train_log(trainer.state.log_history)
     result = {
         "start": {k: callback.points[0][k] for k in OBJECTIVES},
@@ -538,12 +427,7 @@ def verdicts(per_seed: dict, agg: dict, arms: list[str]) -> dict:
 
 
 def plot(per_seed: dict, agg: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    fig, axes = subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
     start = agg["start"]
     ax.scatter(
@@ -586,9 +470,7 @@ def plot(per_seed: dict, agg: dict, path: Path) -> None:
         ax.set(title=f"held-out mean {key} (T = 1 samples)", xlabel="RL step")
     axes[2].legend(fontsize=8)
     fig.suptitle("E-G2: two conflicting rewards, static sum vs adaptive combination (mean over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def interpretation(agg: dict, result: dict) -> str:
@@ -713,18 +595,15 @@ def markdown(result: dict) -> str:
 WARM_SEED = 0  # the one warm start all seeds share
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-G2: adaptive reward combination vs a static weighted sum (two conflicting rewards)",
     claim="Adaptive reward combination (DVAO, CTWA, hypervolume, gradient weights) ends not dominated by a static "
     "weighted sum on two conflicting rewards (arXiv 2605.25604, 2602.06869, 2509.11452).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
     run_seed=lambda seed, sizes: run_seed(seed, sizes, list(ARMS), WARM_SEED),
     aggregate=lambda per_seed, sizes: aggregate(per_seed, list(ARMS)),
     criteria=lambda per_seed, agg, sizes: {"a": verdicts(per_seed, agg, list(ARMS))},
     plot=lambda result, path: plot(result["per_seed"], result["aggregate"], path),
-    markdown=markdown,
     config={
         "warm_seed": WARM_SEED,
         "arms": list(ARMS),
@@ -740,7 +619,6 @@ EXPERIMENT = Experiment(
         "gradient": {"target_step": GRADIENT_STEP},
         "pilot": PILOT,
     },
-    script=__file__,
 )
 
 

@@ -116,7 +116,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from _harness import Experiment, criterion, mean_std, run
+from _harness import criterion, declare, mean_std, run, save_figure, subplots
 
 from hf_stable.losses.advantages import (
     dvao_advantages,
@@ -840,14 +840,26 @@ def plot_bars(ax, names: list[str], values: list[float], errors: list[float], ti
     ax.set(title=title, ylabel=ylabel)
 
 
+# the curve panels after the S-GRPO ones: experiment, arm -> colour, metric -> line style, title, y label
+LINE_PANELS = (
+    ("maxrl", {"grpo": "tab:gray", "maxrl": "tab:blue"}, {"pass1": "-", "pass16": "--"},
+     "2 MaxRL vs GRPO, pass@1 / pass@16", "exact pass@k"),
+    ("dvao", {"rc": "tab:gray", "dvao": "tab:blue"}, {"correct": "-", "compliant": "--"},
+     "3 DVAO vs reward combination", "objective mean"),
+    ("dvao_conflict", {"rc": "tab:gray", "dvao": "tab:blue"}, {"correct": "-", "compliant": "--"},
+     "3b DVAO vs RC, no answer satisfies both", "objective mean"),
+    ("ctwa", {"static": "tab:gray", "ctwa": "tab:blue"}, {"u3": "-", "w3": ":"},
+     "4 CTWA vs static weights (u3, weight share w3)", "objective 3 mean / weight share"),
+    ("gradient", {"fixed": "tab:gray", "dynamic": "tab:blue"}, {"u1": "-", "u2": "--", "w2": ":"},
+     "5 gradient-based weights, non-convex front", "objective mean / weight"),
+    ("drpo", {"grpo_lp": "tab:gray", "drpo": "tab:blue"}, {"accuracy": "-", "correct_length": "--"},
+     "8 DRPO vs length-penalised GRPO", "accuracy / correct length ÷ L_max"),
+)  # fmt: skip
+
+
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     agg, checks = result["aggregate"], result["criteria"]
-    fig, axes = plt.subplots(3, 4, figsize=(22, 15))
+    fig, axes = subplots(3, 4, figsize=(22, 15))
     ax = iter(axes.flat)
 
     def tag(key):
@@ -868,52 +880,8 @@ def plot(result: dict, path: Path) -> None:
             f"{label}, best lr per arm" + tag(key),
             "clean success probability",
         )
-    c = agg["maxrl"]["curves"]
-    plot_lines(
-        next(ax),
-        c,
-        {"grpo": "tab:gray", "maxrl": "tab:blue"},
-        {"pass1": "-", "pass16": "--"},
-        "2 MaxRL vs GRPO, pass@1 / pass@16" + tag("maxrl"),
-        "exact pass@k",
-    )
-    c = agg["dvao"]["curves"]
-    plot_lines(
-        next(ax),
-        c,
-        {"rc": "tab:gray", "dvao": "tab:blue"},
-        {"correct": "-", "compliant": "--"},
-        "3 DVAO vs reward combination" + tag("dvao"),
-        "objective mean",
-    )
-    c = agg["dvao_conflict"]["curves"]
-    plot_lines(
-        next(ax),
-        c,
-        {"rc": "tab:gray", "dvao": "tab:blue"},
-        {"correct": "-", "compliant": "--"},
-        "3b DVAO vs RC, no answer satisfies both" + tag("dvao_conflict"),
-        "objective mean",
-    )
-    c = agg["ctwa"]["curves"]
-    a = next(ax)
-    plot_lines(
-        a,
-        c,
-        {"static": "tab:gray", "ctwa": "tab:blue"},
-        {"u3": "-", "w3": ":"},
-        "4 CTWA vs static weights (u3, weight share w3)" + tag("ctwa"),
-        "objective 3 mean / weight share",
-    )
-    c = agg["gradient"]["curves"]
-    plot_lines(
-        next(ax),
-        c,
-        {"fixed": "tab:gray", "dynamic": "tab:blue"},
-        {"u1": "-", "u2": "--", "w2": ":"},
-        "5 gradient-based weights, non-convex front" + tag("gradient"),
-        "objective mean / weight",
-    )
+    for key, arms, keys, title, ylabel in LINE_PANELS[:-1]:
+        plot_lines(next(ax), agg[key]["curves"], arms, keys, title + tag(key), ylabel)
     f = agg["delta_l"]["finals"]
     alphas = result["config"]["sizes"]["dl_alphas"]
     plot_bars(
@@ -934,21 +902,12 @@ def plot(result: dict, path: Path) -> None:
         "7 OBLR baseline: relative gradient variance" + tag("oblr"),
         "tr Var(ĝ) / ‖E ĝ‖²",
     )
-    c = agg["drpo"]["curves"]
-    plot_lines(
-        next(ax),
-        c,
-        {"grpo_lp": "tab:gray", "drpo": "tab:blue"},
-        {"accuracy": "-", "correct_length": "--"},
-        "8 DRPO vs length-penalised GRPO" + tag("drpo"),
-        "accuracy / correct length ÷ L_max",
-    )
+    key, arms, keys, title, ylabel = LINE_PANELS[-1]
+    plot_lines(next(ax), agg[key]["curves"], arms, keys, title + tag(key), ylabel)
     fig.suptitle(f"GRPO variants on tabular bandits (mean ± std over seeds {result['config']['seeds']})")
     for rest in ax:
         rest.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 @dataclass(frozen=True)
@@ -1118,21 +1077,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="GRPO variants on tabular softmax bandits",
     claim="Each GRPO-family variant's qualitative headline holds on exact tabular bandits (S-GRPO 2508.05928, MaxRL "
     "2602.02710, DVAO 2605.25604, CTWA 2602.06869, gradient weights 2509.11452, ΔL 2509.07558, OBLR, DRPO "
     "2510.04474).",
     sizes=Config(),
     quick_sizes=replace(Config(), **QUICK),
-    run_seed=run_seed,
     aggregate=aggregate_all,
-    criteria=criteria,
-    plot=plot,
-    markdown=markdown,
     config={"noise_models": NOISE_MODELS},
-    script=__file__,
 )
 
 

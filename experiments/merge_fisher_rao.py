@@ -63,7 +63,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _harness import Experiment, fmt, mean_std, run
+from _harness import declare, fmt, mean_std, run, save_figure, subplots
 
 
 NAME = "merge_fisher_rao"
@@ -561,14 +561,9 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> tuple[dict, dict]:
 
 
 def plot(agg: dict, sizes: Sizes, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     hs = [str(h) for h in sizes.hs]
     ns = [str(n) for n in sizes.ns]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 9.5))
+    fig, axes = subplots(2, 3, figsize=(18, 9.5))
     n_top = ns[-1]
     panels = (
         (axes[0, 0], "accuracy", f"test accuracy vs h (N = {n_top})"),
@@ -639,9 +634,7 @@ def plot(agg: dict, sizes: Sizes, path: Path) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax2.legend(loc="lower right", fontsize=8)
     fig.suptitle("Fisher–Rao vs linear merging of MLP experts as heterogeneity grows (mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def interpretation(agg: dict, side: dict) -> str:
@@ -754,18 +747,13 @@ def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     return checks
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="Fisher–Rao vs linear merging as heterogeneity grows",
     claim="Fisher–Rao merging (weighted spherical Karcher mean + norm restoration) beats linear averaging as expert "
     "heterogeneity grows and keeps the activation variance (arXiv 2603.04972).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
-    aggregate=aggregate,
     criteria=judged,
     plot=lambda result, path: plot(result["aggregate"], Sizes(**result["config"]["sizes"]), path),
-    markdown=markdown,
     config={
         "dim": DIM,
         "hidden": HIDDEN,
@@ -778,7 +766,6 @@ EXPERIMENT = Experiment(
         "methods": {k: {"method": m, "params": p} for k, (m, p, _) in METHODS.items()},
         "layers": LAYERS,
     },
-    script=__file__,
 )
 
 

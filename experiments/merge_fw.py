@@ -60,7 +60,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _harness import Experiment, mean_std, run
+from _harness import declare, mean_std, result_sizes, run, save_figure, subplots
 from _harness import fmt as harness_fmt
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -416,12 +416,7 @@ def criteria(per_seed: dict, agg: dict, s: Sizes) -> dict:
 
 
 def plot(agg: dict, s: Sizes, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    fig, axes = subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
     for meth in METHODS:
         ys = [agg["acc"][meth][m]["mean"] for m in s.pool_sizes]
@@ -470,9 +465,7 @@ def plot(agg: dict, s: Sizes, path: Path) -> None:
     ax.set(title="bytes read from the pool", xlabel="pool size N", ylabel="MiB")
     ax.legend(fontsize=8)
     fig.suptitle("FW-Merging vs data-free merges as irrelevant models join the pool")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def markdown(result: dict) -> str:
@@ -592,18 +585,11 @@ def _int_keys(agg: dict) -> dict:
     return fix(agg)
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="FW-Merging stays stable as irrelevant models are added",
     claim="FW-Merging keeps target accuracy as irrelevant experts join the pool, with resident memory flat in the "
     "pool size (arXiv 2503.12649).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
     aggregate=lambda per_seed, s: aggregate(
         {
             k: {**v, **_int_keys({f: v[f] for f in ("acc", "relevance", "bytes_read", "fw_irrelevant_share")})}
@@ -612,8 +598,7 @@ EXPERIMENT = Experiment(
         s,
     ),
     criteria=lambda per_seed, agg, s: criteria({k: _int_keys(v) for k, v in per_seed.items()}, _int_keys(agg), s),
-    plot=lambda result, path: plot(_int_keys(result["aggregate"]), sizes_of(result["config"]["sizes"]), path),
-    markdown=markdown,
+    plot=lambda result, path: plot(_int_keys(result["aggregate"]), result_sizes(Sizes, result), path),
     config={
         "methods": list(METHODS),
         "ta_grid": TA_GRID,
@@ -628,7 +613,6 @@ EXPERIMENT = Experiment(
             "step": 1.0,
         },
     },
-    script=__file__,
 )
 
 

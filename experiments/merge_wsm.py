@@ -69,7 +69,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _harness import Experiment, mean_std, run
+from _harness import declare, mean_std, result_sizes, run, save_figure, subplots
 from _harness import fmt as harness_fmt
 
 
@@ -603,12 +603,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> tuple[dict, dict]:
 
 
 def plot(agg: dict, sizes: Sizes, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(22, 5))
+    fig, axes = subplots(1, 4, figsize=(22, 5))
     ax = axes[0]
     steps = [int(t) for t in agg["curve"]]
     ax.plot(steps, [v["mean"] for v in agg["curve"].values()], "k-", label="constant LR (held-out)")
@@ -703,9 +698,7 @@ def plot(agg: dict, sizes: Sizes, path: Path) -> None:
     ax.set(title="implied decay multipliers w_i (k = 8)", xlabel="interval i", ylabel="w_i")
     ax.legend(fontsize=7)
     fig.suptitle("WSM (merged constant-LR checkpoints) vs a real decay, order-2 Markov language")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def interpretation(agg: dict, checks: dict, rep: dict) -> str:
@@ -809,22 +802,13 @@ def judged(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     return checks
 
 
-def sizes_of(d: dict) -> Sizes:
-    return Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-
-
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="WSM vs a real decay on a tiny LM",
     claim="Merging constant-LR checkpoints with decay-emulating weights (WSM) matches a real WSD decay; the window "
     "length matters more than the interval (arXiv 2507.17634).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
-    aggregate=aggregate,
     criteria=judged,
-    plot=lambda result, path: plot(result["aggregate"], sizes_of(result["config"]["sizes"]), path),
-    markdown=markdown,
+    plot=lambda result, path: plot(result["aggregate"], result_sizes(Sizes, result), path),
     config={
         "dirichlet": DIRICHLET,
         "schedules": SCHEDULES,
@@ -837,7 +821,6 @@ EXPERIMENT = Experiment(
         "{10,20,40,120}); V 64 → 16 (+ token shift, see pilot); d 96 → 64; context 64 → 32; 10M → 1.27M "
         "training tokens; 200k → 63k held-out targets",
     },
-    script=__file__,
 )
 
 

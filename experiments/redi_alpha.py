@@ -61,7 +61,6 @@ Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import statistics
@@ -71,7 +70,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, mean_std, run
+from _harness import declare, mean_std, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 NAME = "redi_alpha"
@@ -79,7 +79,6 @@ ALPHAS = (0.0, 0.5, 0.8, 1.0)
 SPLIT_SEED = 1234
 NUM_DIGITS = 2
 EM_TOLERANCE = 0.02
-ROOT = Path(__file__).resolve().parent
 POS_KEY, NEG_KEY = "stable/sft/redi_pos_logp", "stable/sft/redi_neg_logp"
 TASKS = ("near", "far")
 FAR_SEED_OFFSET = 7919
@@ -269,29 +268,12 @@ def first_error_roles(model, tokenizer, test) -> dict[str, int]:
 
 def make_trajectory_callback(tokenizer, pairs: list[dict], every: int):
     """A callback recording the held-out pair log-probs at step 0, every `every` steps and at the end."""
-    from transformers import TrainerCallback
 
-    class HeldoutLogp(TrainerCallback):
-        def __init__(self):
-            self.points: list[dict] = []
+    def measure(step: int, model) -> dict:
+        pos, neg = pair_logps(model, tokenizer, pairs)
+        return {"pos": pos, "neg": neg}
 
-        def record(self, step, model):
-            if self.points and self.points[-1]["step"] == step:
-                return
-            pos, neg = pair_logps(model, tokenizer, pairs)
-            self.points.append({"step": step, "pos": pos, "neg": neg})
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.record(0, model)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % every == 0:
-                self.record(state.global_step, model)
-
-        def on_train_end(self, args, state, control, model=None, **kwargs):
-            self.record(state.global_step, model)
-
-    return HeldoutLogp()
+    return tiny_trl.curve_callback(measure, every)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -312,48 +294,21 @@ def make_trainer(model, tokenizer, args, dataset, callbacks=()):
 
 
 def train_config(output_dir: str, seed: int, lr: float, batch: int, epochs: int, logging_steps: int, **extra):
-    from hf_stable import StableSFTConfig
-
-    return StableSFTConfig(
-        output_dir=output_dir,
-        seed=seed,
-        learning_rate=lr,
-        per_device_train_batch_size=batch,
-        num_train_epochs=epochs,
-        lr_scheduler_type="linear",
-        warmup_steps=0.1,
-        weight_decay=1e-4,
-        logging_steps=logging_steps,
-        max_length=64,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **extra,
-    )
+    return tiny_trl.linear_sft_config(output_dir, seed, lr, batch, epochs, logging_steps, max_length=64, **extra)
 
 
 def stage1_cache_dir(seed: int, sizes: Sizes) -> Path:
     fields = {k: v for k, v in asdict(sizes).items() if k.startswith("stage1") or k in ("hidden_size", "num_test")}
-    key = hashlib.sha1(json.dumps({**fields, "digits": NUM_DIGITS, "split": SPLIT_SEED}, sort_keys=True).encode())
-    return ROOT / "cache" / NAME / f"stage1_seed{seed}_{key.hexdigest()[:10]}"
+    return tiny_trl.cache_dir(NAME, "stage1", seed, {**fields, "digits": NUM_DIGITS, "split": SPLIT_SEED})
 
 
 def run_stage1(seed: int, sizes: Sizes, data: dict) -> Path:
     """Trains (or reuses the cached) stage-1 NLL SFT checkpoint of `seed`."""
     path = stage1_cache_dir(seed, sizes)
-    if (path / "done.json").exists():
-        print(f"[seed {seed}] stage 1: cached {path.relative_to(ROOT)}", flush=True)
+    if tiny_trl.cached(path, seed, "stage 1"):
         return path
-    from hf_stable.testing import build_tiny_model
-
     start = time.time()
-    model, tokenizer = build_tiny_model(
-        seed=seed, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size, max_position_embeddings=64
-    )
+    model, tokenizer = tiny_trl.tiny_llama(seed, sizes.hidden_size, max_position_embeddings=64)
     with tempfile.TemporaryDirectory() as tmp:
         args = train_config(tmp, seed, sizes.stage1_lr, sizes.stage1_batch, sizes.stage1_epochs, 50)
         trainer = make_trainer(model, tokenizer, args, data["stage1"])
@@ -534,18 +489,11 @@ def task_criteria(per_seed: dict, agg: dict) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, rows = plt.subplots(len(TASKS), 3, figsize=(15, 4.2 * len(TASKS)))
+    fig, rows = subplots(len(TASKS), 3, figsize=(15, 4.2 * len(TASKS)))
     for kind, axes in zip(TASKS, rows, strict=True):
         plot_task(result["aggregate"]["tasks"][kind], axes, kind)
     fig.suptitle("E-A2: REDI stage 2 from an SFT checkpoint, negative weight α (mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_task(agg: dict, axes, kind: str) -> None:
@@ -663,18 +611,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-A2: REDI negative weight α",
     claim="REDI's asymmetric negative weight α < 1 keeps stage 2 stable while α = 1 drags the positives down; tested "
     "with near-copy negatives (one corrupted carry step) and with negatives from other problems (arXiv 2505.24850).",
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
-    aggregate=aggregate,
-    criteria=criteria,
-    plot=plot,
-    markdown=markdown,
     config={
         "alphas": list(ALPHAS),
         "tasks": list(TASKS),
@@ -690,7 +631,6 @@ EXPERIMENT = Experiment(
         "redi_reduction": "pair",
         "em_tolerance": EM_TOLERANCE,
     },
-    script=__file__,
 )
 
 

@@ -68,7 +68,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _harness import Experiment, criterion, fmt, mean_std, run
+from _harness import criterion, declare, fmt, mean_std, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 HERE = Path(__file__).resolve().parent
@@ -186,11 +187,9 @@ def build_sets(seed: int, cfg: Config) -> dict:
 
 
 def trainer_args(output_dir: str, seed: int, steps: int, batch: int, lr: float, cfg: Config, **objective):
-    from hf_stable import StableSFTConfig
-
-    return StableSFTConfig(
-        output_dir=output_dir,
-        seed=seed,
+    return tiny_trl.sft_config(
+        output_dir,
+        seed,
         max_steps=steps,
         per_device_train_batch_size=batch,
         learning_rate=lr,
@@ -202,13 +201,6 @@ def trainer_args(output_dir: str, seed: int, steps: int, batch: int, lr: float, 
         max_length=cfg.max_length,
         auto_probe_batches=cfg.probe_batches,
         logging_steps=max(steps // 10, 1),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
         **objective,
     )
 
@@ -494,13 +486,8 @@ def criteria(per_seed: dict, agg: dict, cfg: Config | None = None) -> dict:
 
 
 def plot(agg: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = list(OBJECTIVES)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, name in zip(axes, SETS, strict=True):
         means = [agg[name][a]["exact_match"]["mean"] for a in arms]
         stds = [agg[name][a]["exact_match"]["std"] for a in arms]
@@ -519,9 +506,7 @@ def plot(agg: dict, path: Path, title: str) -> None:
     axes[1].legend(loc="upper right", fontsize=8)
     axes[0].set_ylabel("clean held-out exact match\n(bar: mean ± std over seeds)")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def seed_values(probes: dict, name: str, key: str) -> list[float]:
@@ -622,26 +607,20 @@ def markdown(result: dict) -> str:
     return "\n".join(out)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="E-A1 capability continuum (CPU, tiny model)",
     claim="Prior-leaning SFT objectives (-p, -p^10) are at least as good as NLL where the model is strong and far "
     "worse where it is weak; hf_stable's `auto` rule, calibrated on seeds 0-2, picks well on seeds 3-5 and on clean "
     "high-median data (Beyond Log Likelihood, arXiv 2510.00526).",
     sizes=Config(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
-    aggregate=aggregate,
-    criteria=criteria,
     plot=lambda result, path: plot(
         result["aggregate"]["report"],
         path,
         f"E-A1 capability continuum (report seeds {result['aggregate']['report_seeds']})",
     ),
-    markdown=markdown,
     config={"objectives": OBJECTIVES, "calibration_seeds": CALIBRATION_SEEDS, "guard_grid": GUARD_GRID},
     default_seeds=(0, 1, 2, 3, 4, 5),
-    script=__file__,
 )
 
 

@@ -78,8 +78,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _harness import Experiment, criterion, run
+from _harness import Experiment, criterion, declare, finite, run, save_figure, subplots
 from _harness import _sources_digest as sources_digest
+from testbeds import tiny_trl
 
 
 NAME = "stability_guard_spike"
@@ -138,14 +139,8 @@ BASE_ARGS = dict(
     per_device_train_batch_size=8,
     weight_decay=0.0,
     logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
     max_length=32,
-    gradient_checkpointing=False,
-    disable_tqdm=True,
-    dataloader_num_workers=0,
+    **tiny_trl.CPU_ARGS,
 )
 
 
@@ -415,15 +410,10 @@ def criteria(per_seed: dict, agg: dict, design: str) -> dict:
 
 # -- outputs -----------------------------------------------------------------------------------------------------
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     has_clip = bool(result["aggregate"]["clip"])
     guard_seeds = [s for s, r in result["per_seed"].items() if "guard" in r]  # none when only seeds >= 5 ran
     panels = (3 if guard_seeds else 0) + has_clip
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2), squeeze=False)
+    fig, axes = subplots(1, panels, figsize=(5 * panels, 4.2), squeeze=False)
     axes = list(axes[0])
     if guard_seeds:
         seed0 = min(guard_seeds, key=int)
@@ -450,13 +440,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xticks(range(len(ARMS)), ARMS)
         ax.set_ylabel(f"final eval loss ({len(clip['global']['values'])} seeds)")
         ax.set_title("component-wise vs global clipping")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _f(x, digits=3):
-    return "nan" if not math.isfinite(x) else f"{x:.{digits}f}"
+    save_figure(fig, path)
 
 
 def markdown(result: dict) -> str:
@@ -482,16 +466,16 @@ def markdown(result: dict) -> str:
             g = agg["guard"][fault]
             finite_u = [u for u in g["unguarded"] if math.isfinite(u)]
             lines.append(
-                f"| {fault} | {_f(statistics.fmean(g['clean']))} ± {_f(_std(g['clean']))} | "
-                f"{_f(statistics.fmean(finite_u)) if finite_u else 'nan'} ({len(finite_u)} finite) | "
-                f"{_f(statistics.fmean(g['guarded']))} ± {_f(_std(g['guarded']))} | "
-                f"{_f(max(abs(x) for x in g['guarded_minus_clean']))} | {g['unguarded_nan']} |"
+                f"| {fault} | {finite(statistics.fmean(g['clean']))} ± {finite(_std(g['clean']))} | "
+                f"{finite(statistics.fmean(finite_u)) if finite_u else 'nan'} ({len(finite_u)} finite) | "
+                f"{finite(statistics.fmean(g['guarded']))} ± {finite(_std(g['guarded']))} | "
+                f"{finite(max(abs(x) for x in g['guarded_minus_clean']))} | {g['unguarded_nan']} |"
             )
-        ratios = ", ".join(_f(r) for r in agg["guard"]["wall_ratio"])
+        ratios = ", ".join(finite(r) for r in agg["guard"]["wall_ratio"])
         lines += [
             "",
             f"Wall time clean+guard / clean (snapshot_every=10), per seed: {ratios}; median "
-            f"{_f(agg['guard']['wall_ratio_median'])}.",
+            f"{finite(agg['guard']['wall_ratio_median'])}.",
             "",
         ]
     if agg["clip"]:
@@ -505,8 +489,8 @@ def markdown(result: dict) -> str:
         for arm in ARMS:
             c = agg["clip"][arm]
             r = c.get("std_ratio_vs_global")
-            ci = "—" if r is None else f"{_f(r['point'])} [{_f(r['low'])}, {_f(r['high'])}]"
-            lines.append(f"| {arm} | {_f(c['mean'])} | {_f(c['std'])} | {ci} |")
+            ci = "—" if r is None else f"{finite(r['point'])} [{finite(r['low'])}, {finite(r['high'])}]"
+            lines.append(f"| {arm} | {finite(c['mean'])} | {finite(c['std'])} | {ci} |")
     if not result["passed"]:
         lines += ["", "A failed criterion is recorded as a non-replication."]
     return "\n".join(lines)
@@ -515,21 +499,17 @@ def markdown(result: dict) -> str:
 def experiment(design: str) -> Experiment:
     """v1 (parts A and B, seeds 0-9) or v2 (part A only, seeds 0-4): same per-seed code, the design's settings."""
     v1 = design == "v1"
-    return Experiment(
+    return declare(
+        globals(),
         name=NAME if v1 else f"{NAME}_{design}",
         title="Stability guard vs injected faults, and component-wise vs global clipping"
         + ("" if v1 else " (design v2: part A only)"),
         claim=CLAIM,
-        sizes=Sizes(),
-        quick_sizes=QUICK,
         run_seed=lambda seed, sizes: run_seed(seed, context(sizes, design)),
         aggregate=lambda per_seed, sizes: aggregate(per_seed),
         criteria=lambda per_seed, agg, sizes: criteria(per_seed, agg, design),
-        plot=plot,
-        markdown=markdown,
         config=DESIGNS[design],
         default_seeds=tuple(range(10 if v1 else GUARD_SEEDS)),
-        script=__file__,
         entry_point=f"experiments/{NAME}.py" + ("" if v1 else f" --design {design}"),
     )
 

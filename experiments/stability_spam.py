@@ -45,8 +45,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _harness import Experiment, criterion, run
 from _harness import _sources_digest as sources_digest
+from _harness import criterion, declare, finite, run, save_figure, subplots
+from testbeds import tiny_trl
 
 
 NAME = "stability_spam"
@@ -75,15 +76,9 @@ BASE_ARGS = dict(
     per_device_train_batch_size=8,
     weight_decay=0.0,
     logging_steps=1,
-    save_strategy="no",
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
     max_length=32,
-    gradient_checkpointing=False,
-    disable_tqdm=True,
-    dataloader_num_workers=0,
     optim="adamw_torch",
+    **tiny_trl.CPU_ARGS,
 )
 
 
@@ -239,14 +234,9 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     seed0 = min(result["per_seed"], key=int)
     runs = result["per_seed"][seed0]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = subplots(1, 2, figsize=(11, 4.2))
     for arm, color in zip(ARMS, ("tab:red", "tab:blue", "tab:green", "tab:purple"), strict=True):
         axes[0].plot(runs[arm]["spike"]["train_loss"], label=f"{arm} + spike", color=color, lw=1)
     axes[0].plot(runs["adamw"]["clean"]["train_loss"], label="adamw clean", color="black", lw=0.8, ls="--")
@@ -262,13 +252,7 @@ def plot(result: dict, path: Path) -> None:
     axes[1].set_xticks(range(len(ARMS)), ARMS)
     axes[1].set_ylabel("final eval loss (black: clean, red: spike)")
     axes[1].set_title("final eval loss per seed")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _f(x, digits=3):
-    return "nan" if not math.isfinite(x) else f"{x:.{digits}f}"
+    save_figure(fig, path)
 
 
 def markdown(result: dict) -> str:
@@ -284,7 +268,7 @@ def markdown(result: dict) -> str:
     for arm in ARMS:
         a = agg[arm]
         deltas = ", ".join(f"{d:+.3f}" for d in a["spike_minus_clean"])
-        lines.append(f"| {arm} | {_f(a['clean_mean'])} | {_f(a['spike_mean'])} | {deltas} |")
+        lines.append(f"| {arm} | {finite(a['clean_mean'])} | {finite(a['spike_mean'])} | {deltas} |")
     guard = [r["guard"]["spike"].get("decisions", []) for r in result["per_seed"].values()]
     lines += ["", f"Guard decisions on the spiked runs, per seed: {guard}."]
     if not result["passed"]:
@@ -292,20 +276,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="Stable-SPAM vs AdaGC vs the stability guard under a gradient spike",
     claim=CLAIM,
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
-    aggregate=aggregate,
-    criteria=criteria,
-    plot=plot,
-    markdown=markdown,
     config=SETTINGS,
     default_seeds=(0, 1, 2),
-    script=__file__,
 )
 
 

@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _harness import Experiment, criterion, mean_std, run, seeds_holding
+from _harness import criterion, declare, mean_std, run, save_figure, seeds_holding, subplots
 
 
 NAME = "tinytofu"
@@ -697,13 +697,8 @@ def fof(v: float) -> str:
 
 
 def plot(per_seed: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = rows_of(per_seed)
-    fig, axes = plt.subplots(1, 2, figsize=(15, 6.2))
+    fig, axes = subplots(1, 2, figsize=(15, 6.2))
     ax = axes[0]
     ax.axvspan(RA_RATIO, 1.1, ymin=0, ymax=1, color="tab:green", alpha=0.05)
     ax.axvline(RA_RATIO, color="tab:green", linestyle=":", linewidth=1, label=f"RA/RA_full = {RA_RATIO}")
@@ -759,9 +754,7 @@ def plot(per_seed: dict, path: Path) -> None:
     fig.suptitle(
         "TinyTOFU v2 (shared-syllable names): unlearning methods and the embedding-reset control, 0.38M Llama"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(result: dict) -> str:
@@ -883,17 +876,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = Experiment(
-    name=NAME,
+EXPERIMENT = declare(
+    globals(),
     title="TinyTOFU v2 unlearning benchmark",
     claim=__doc__.split("Claim. ")[1].split("\n\n")[0].replace("\n", " "),
-    sizes=Sizes(),
-    quick_sizes=QUICK,
-    run_seed=run_seed,
     aggregate=lambda per_seed, sizes: aggregate(per_seed),
     criteria=lambda per_seed, agg, sizes: criteria(per_seed),
     plot=lambda result, path: plot(result["per_seed"], path),
-    markdown=markdown,
     config={
         "presets": PRESETS,
         "common": COMMON,
@@ -902,7 +891,6 @@ EXPERIMENT = Experiment(
         "relearn_attack": {"steps": 20, "lr": 1e-3, "batch_size": 8, "seed": 0},
         "pilot": PILOT,
     },
-    script=__file__,
     size_flags={"--methods": dict(nargs="+", choices=METHODS, help="methods to run (default: all; quick: 3)")},
     work_cache=True,
 )
