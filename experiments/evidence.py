@@ -242,10 +242,9 @@ def evaluate(row: Row) -> dict:
         found = [result["aggregate"]["methods"][k] for k in row.grpo_methods]
         order = VERDICTS.index
         verdict = min((v["verdict"] for v in found), key=order)  # the best reading over its phenomena
-        control = all(v["control_passed"] for v in found) and all(
-            v["detection"] is None or v["detection"]["ci_high"] < 0 for v in found
-        )
         best = next(v for v in found if v["verdict"] == verdict)
+        # the controls of the phenomenon the verdict is read on (each phenomenon's own are in `detail`)
+        control = best["control_passed"] and (best["detection"] is None or best["detection"]["ci_high"] < 0)
         effect, ci_low, ci_high = _interval(best["effect"])
         detail = {k: {"verdict": v["verdict"], "effect": v["effect"]["mean"], "ci_low": v["effect"]["ci_low"],
                       "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.grpo_methods, found, strict=True)}
