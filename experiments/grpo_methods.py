@@ -79,7 +79,7 @@ class Sizes:
     high_lr: float = HIGH_LR
 
 
-QUICK = Sizes(recipe=rl.QUICK)
+QUICK = Sizes(recipe=replace(rl.QUICK, rl_steps=2, eval_every=2, logging_steps=1))  # a smoke run of every arm
 
 
 def arm_run(seed: int, sizes: Sizes, name: str) -> dict:
