@@ -159,7 +159,7 @@ ROWS = (
     R("merge_method", "wsm", "merging constant-LR checkpoints matches a real LR decay", "merge_wsm", claim=("a",)),
     # stability
     R("stability_optimizer", "stable_spam", "Stable-SPAM damps a gradient spike before it lands, at no cost on a "
-      "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1", "S3")),
+      "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1",)),
     R("stability_monitor", "innovation_probe", "the innovation probe flags instability before the loss does",
       why="no experiment yet"),
     R("stability_monitor", "representation_drift", "representation drift predicts degraded steerability",
@@ -200,7 +200,7 @@ ROWS = (
     R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
     R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
-      "stability_guard_spike", claim=("B1", "B2"), controls=("B3",)),
+      "stability_guard_spike", claim=("B1", "B2")),
 )
 
 

@@ -68,7 +68,9 @@ CLAIMS = {
     "sgrpo (one flip per group)": ("advantage_estimator", "sgrpo_group", "grpo_group", ("grpo_group", "grpo")),
     "maxrl": ("advantage_estimator", "maxrl", "grpo", None),
     "oblr": ("advantage_estimator", "oblr_high", "grpo_high", ("grpo_high", "grpo")),
-    "snr": ("lr_scaling", "snr_high_2mb", "grpo_high_2mb", ("grpo_high", "grpo")),
+    # GRPO at the tuned LR with two micro-batches of 32 is the same update as one of 64 on average: its detection
+    # control pairs the two-micro-batch high-LR arm with the testbed's GRPO arm
+    "snr": ("lr_scaling", "snr_high_2mb", "grpo_high_2mb", ("grpo_high_2mb", "grpo")),
     "majority_vote": ("reward_function", "majority_vote", None, None),
 }
 

@@ -200,7 +200,8 @@ def markdown(result: dict) -> str:
         f"Testbed (`experiments/testbeds/rl.py`): tiny Llama (hidden {rec['hidden_size']}), `a+b=` with operands "
         f"0..99, {rl.HELDOUT} held-out problems (split seed {rl.SPLIT_SEED}) disjoint from every training row. Warm "
         f"start: NLL SFT for {rec['sft_steps']} steps (batch {rec['sft_batch']}, LR {rec['sft_lr']:g}, cosine) over "
-        f"{rec['sft_problems']} distinct problems. RL: `StableGRPOTrainer` at its defaults (TRL's loss and "
+        f"{rec['sft_problems']} distinct problems, a share {rec.get('sft_carry_error', 0.0):g} of the rows with a "
+        "carry showing it dropped (the demonstrator's error). RL: `StableGRPOTrainer` at its defaults (TRL's loss and "
         f"advantages), beta 0, G = {rec['num_generations']}, {rec['rl_prompts']} fresh prompts a step, temperature "
         f"{rec['temperature']:g}, LR {rec['rl_lr']:g} {rec['lr_scheduler']}, {rec['rl_steps']} steps, full "
         "fine-tuning. CPU-minutes: process CPU time of the SFT warm start plus the RL run, one thread.",
@@ -211,7 +212,7 @@ def markdown(result: dict) -> str:
         lines += [
             f"**Control: {'PASS' if v['passed'] else 'FAIL'}**: {v['text']}.",
             "",
-            "| seed | warm start EM (SFT rows' EM) | EM after GRPO | gain | CPU-min (SFT + RL) |",
+            "| seed | warm start EM (EM on its SFT prompts, true sums) | EM after GRPO | gain | CPU-min (SFT + RL) |",
             "|---|---|---|---|---|",
         ]
         for seed, r in control_seeds(result["per_seed"]).items():
@@ -247,10 +248,11 @@ def markdown(result: dict) -> str:
 
 
 def interpretation(ctrl: dict, verdict: dict) -> str:
-    """Sentences generated from the measured numbers: the gain per seed next to how well the warm start fit its own
-    SFT rows and how far it generalised (a rerun cannot leave a stale reading)."""
+    """Sentences generated from the measured numbers: the gain per seed next to the warm start's exact match on its
+    own SFT prompts (against the true sums, not the demonstrator's rows) and on the held-out set (a rerun cannot
+    leave a stale reading)."""
     pairs = sorted((r["heldout_em_start"], r["warm_start"]["sft_train_em"], r["gain"], s) for s, r in ctrl.items())
-    listed = "; ".join(f"seed {s}: SFT rows {fit:.2f}, held-out {em:.2f}, gain {g:+.3f}" for em, fit, g, s in pairs)
+    listed = "; ".join(f"seed {s}: SFT prompts {fit:.2f}, held-out {em:.2f}, gain {g:+.3f}" for em, fit, g, s in pairs)
     text = f"By the warm start's held-out EM: {listed}."
     if not verdict["passed"]:
         text += (

@@ -14,9 +14,10 @@ a 90k-parameter model (0.58-0.89 across seeds), which GRPO did not raise (-0.017
 With it the warm start also prefers a wrong rule the verifier can correct: the setting RL with a verifier is for
 (demonstrations that are imperfect in a consistent way). Probed on seeds 100 and 0 (held-out 0.54 -> 0.80 and
 0.56 -> 0.83 in 800 steps at LR 1e-4) and, at the SFT LR of 3e-3, on control seeds 1 and 2: seed 2 went 0.50 ->
-0.74, but seed 1's SFT did not converge (0.07 held-out, 0.25 on its own rows, also with 3,000 problems, 4,000 steps or
-hidden size 128); at SFT LR 1e-3 seed 1 fits (0.56 held-out, 0.62 on its rows) and 6e-3 fails like 3e-3. So the
-warm start trains at 1e-3 and the tuning seed was rerun on it; seed 0, seen while probing, is not a control seed.
+0.74, but seed 1's SFT did not converge (0.07 held-out, 0.25 on its SFT prompts; also with 3,000 problems, 4,000
+steps or hidden size 128); at SFT LR 1e-3 seed 1 learns (0.56 held-out, 0.62 on its SFT prompts, both against the
+true sums) and 6e-3 fails like 3e-3. So the warm start trains at 1e-3 and the tuning seed was rerun on it; seed 0,
+seen while probing, is not a control seed.
 
 Kept apart from `rl.py`: the values enter each run's cache key themselves, so a new choice keeps finished runs.
 """
