@@ -240,8 +240,7 @@ def evaluate(row: Row) -> dict:
     effect = ci_low = ci_high = None
     if row.grpo_methods:
         found = [result["aggregate"]["methods"][k] for k in row.grpo_methods]
-        order = VERDICTS.index
-        verdict = min((v["verdict"] for v in found), key=order)  # the best reading over its phenomena
+        verdict = min((v["verdict"] for v in found), key=VERDICTS.index)  # the best reading over its phenomena
         best = next(v for v in found if v["verdict"] == verdict)
         # the controls of the phenomenon the verdict is read on (each phenomenon's own are in `detail`)
         control = best["control_passed"] and (best["detection"] is None or best["detection"]["ci_high"] < 0)
@@ -252,11 +251,10 @@ def evaluate(row: Row) -> dict:
     elif row.tofu:
         agg = result["aggregate"][row.tofu]
         n = len(result["per_seed"])
-        controls = all(result["criteria"][k]["passed"] for k in row.controls)
-        control = controls
+        control = all(result["criteria"][k]["passed"] for k in row.controls)
         effect = agg["tier1_seeds"] / n
         out["effect_is"] = f"share of seeds on which Tier 1 holds ({agg['tier1_seeds']}/{n})"
-        verdict = "inconclusive" if not controls else ("replicated" if agg["tier1_seeds"] == n else "not replicated")
+        verdict = "inconclusive" if not control else ("replicated" if agg["tier1_seeds"] == n else "not replicated")
     else:
         verdict, control = _criteria_verdict(result, row.claim, row.controls)
         if len(row.claim) == 1:
