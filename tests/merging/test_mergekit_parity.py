@@ -341,8 +341,8 @@ def test_statistical_check_rejects_wrong_implementations(name, folders, tmp_path
     one model), no sign election or a vote (count of signs) instead of the weighted-sum election (election count:
     two models with consensus), and DELLA's keep probability made flat (per-quartile kept fraction: ε = 0.2; with
     mergekit's `test_basic_merges` ε = 0.05 the quartiles differ by 0.025, under the 4-sd resolution of ~650
-    entries a quartile, so there the rank dependence is not tested). hf_stable itself, run with `rescale: false`,
-    fails the rescale check too."""
+    entries a quartile, so there the rank dependence is not tested). hf_stable itself, run with `rescale: false`
+    (or, one-model DARE, `rescale_norm: inverse_density`), fails the rescale check too."""
     s = _random_setup(name, folders)
     dtype = getattr(torch, _recipe(name).get("dtype") or "float32")
     theirs = ms.recover(s, _fixture(name))
@@ -359,9 +359,13 @@ def test_statistical_check_rejects_wrong_implementations(name, folders, tmp_path
     for label, (change, failing) in wrong.items():
         fails = ms.check(s, ms.recover(s, ms.simulate(s, 1, dtype=dtype, **change)), theirs)
         assert any(f.startswith(failing + ":") for f in fails), (label, fails)
-    params = {**(_recipe(name).get("parameters") or {}), "rescale": False}
-    fails = ms.check(s, ms.recover(s, _run(name, folders, tmp_path / "no-rescale", parameters=params)), theirs)
-    assert any(f.startswith("rescale:") for f in fails), fails
+    changes = [{"rescale": False}]
+    if k == 1 and s.method.startswith("dare"):  # hf_stable's own option for the DARE paper's rule
+        changes.append({"rescale_norm": "inverse_density"})
+    for n, change in enumerate(changes):
+        params = {**(_recipe(name).get("parameters") or {}), **change}
+        fails = ms.check(s, ms.recover(s, _run(name, folders, tmp_path / str(n), parameters=params)), theirs)
+        assert any(f.startswith("rescale:") for f in fails), (change, fails)
 
 
 def test_della_epsilon_beyond_density_is_refused_as_in_mergekit(folders, tmp_path):
