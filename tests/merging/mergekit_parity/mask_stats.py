@@ -15,8 +15,8 @@ The g_i of a tensor are recovered as the values of D/τ_i that explain the most 
 within the tolerance below in bfloat16); each element's output then names the set A it came from. Model i's mask
 bit is *identified* on an element when every S that gives the same A agrees on i ∈ S: always without consensus, and
 with two models of opposite signs for the larger |e_i g_i τ_i| (the winner) but not the smaller one (kept or not,
-the winner hides it). Identification depends only on τ and g, never on the mask, so the identified elements are an
-unbiased sample of the mask.
+the winner hides it). Identification depends on τ and the recovered factors, not on the element's own
+mask bit, so the identified elements are an unbiased sample of the mask.
 
 Tolerance. float32 recipes: D is recovered to a few float32 roundings of the output (2⁻²⁴ relative). bfloat16
 recipes: the output is rounded to bfloat16 relative to |θ_0 + D| (up to 2⁻⁸ |out|, about 1% of |D| here, since
@@ -58,7 +58,8 @@ class Setup:
     normalize: bool
     consensus: bool
     rescale: bool
-    unit: float  # unit roundoff of the recipe's dtype
+    dtype: torch.dtype  # the recipe's arithmetic dtype
+    unit: float  # its unit roundoff
     tau: dict[str, torch.Tensor] = field(default_factory=dict)
     prob: dict[str, torch.Tensor] = field(default_factory=dict)
     quartile: dict[str, torch.Tensor] = field(default_factory=dict)  # within-row |τ| rank quartile, 0…3
@@ -82,6 +83,7 @@ def setup(recipe: dict, load) -> Setup:
         normalize=bool((recipe.get("parameters") or {}).get("normalize", normalize)),
         consensus=consensus,
         rescale=bool((recipe.get("parameters") or {}).get("rescale", True)),
+        dtype=dtype,
         unit=torch.finfo(dtype).eps / 2,
     )
     base = load(recipe["base_model"])
@@ -286,8 +288,7 @@ def check(s: Setup, rec: Recovered, other: Recovered | None = None) -> list[str]
                 fails.append(f"election: model {i} shown on {obs:.0f} of {int(hidden.sum())} elements where it "
                              f"is the smaller opposite sign, expected {float(ps.sum()):.1f} ({z:.1f} sd)")  # fmt: skip
     rel = 1e-4 if s.unit < 1e-6 else 8 * s.unit
-    dtype = torch.float32 if s.unit < 1e-6 else torch.bfloat16
-    w16 = torch.tensor(s.weights).to(dtype).double().tolist()  # both tools weight in the recipe's dtype
+    w16 = torch.tensor(s.weights).to(s.dtype).double().tolist()  # both tools weight in the recipe's dtype
     for i in range(k if s.rescale else 0):
         hidden_kept = hidden_expected = hidden_var = 0.0
         for key in keys:
