@@ -9,16 +9,19 @@ fixtures are mergekit's outputs (`mergekit_parity/regenerate.py` rebuilds them i
 * every deterministic recipe is compared tensor by tensor, bitwise; the ones that are not yet bitwise are listed in
   `NOT_BITWISE` with the reason, as strict expected failures (a fix makes them fail until the entry is removed);
 * DARE and DELLA draw random masks: mergekit from `torch.bernoulli`, hf_stable from its counter-based RNG, so the
-  masks differ draw by draw. They are compared on what the two must share: the kept fraction (per magnitude
-  quartile for DELLA, whose keep probability depends on the rank) within 4 binomial standard deviations, and the
-  rescale rule (the L1 norm of the task vector, recovered exactly from each tool's own mask);
+  masks differ draw by draw. Every such recipe (`RANDOM`; `STATISTICAL` is all of them) has a statistical test,
+  `test_random_methods_match_mergekit_statistically`: the masks are read back from each tool's output
+  (`mergekit_parity/mask_stats.py`, which states the tolerance the bfloat16 recipes need and why), and both outputs
+  must be recomputations from a kept set, with the kept fraction (per |τ| quartile for DELLA) within 4 binomial
+  standard deviations of the keep probability and of the other tool's, the L1 rescale rule, and, with two models
+  and sign consensus, the count of elements where the smaller opposite entry shows (the weighted-sum election);
+  `test_statistical_check_rejects_wrong_implementations` shows the checks fail on a wrong implementation;
 * `docs/merging.md`'s parity table is generated from these comparisons (`test_docs_parity_table_is_the_suites`;
   `HF_STABLE_WRITE_PARITY_TABLE=1` rewrites it).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
@@ -35,6 +38,7 @@ PARITY = Path(__file__).resolve().parent / "mergekit_parity"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "merging.md"
 sys.path.insert(0, str(PARITY))
 
+import mask_stats as ms  # noqa: E402
 from mergekit_models import build, prepare_recipe  # noqa: E402
 
 
@@ -188,11 +192,12 @@ def parity_table(outputs) -> str:
     for name in RECIPES:
         recipe = _recipe(name)
         if name in RANDOM:
-            result = (
-                "random masks: kept fraction and rescale rule agree (statistical test)"
-                if name in STATISTICAL
-                else "random masks: runs; not compared element-wise (no statistical test on this recipe yet)"
-            )
+            method = recipe["merge_method"]
+            parts = ["kept fraction per magnitude quartile" if method.startswith("della") else "kept fraction"]
+            parts.append("rescale rule")
+            if method in ("della", "dare_ties") and len(recipe["models"]) > 1:
+                parts.append("sign election")
+            result = f"random masks: {', '.join(parts[:-1])} and {parts[-1]} agree (statistical test)"
         elif NOT_BITWISE.get(name, ("", ()))[1] is None:
             try:
                 outputs(name)
@@ -288,62 +293,79 @@ def test_threshold_ties_are_resolved_as_mergekit_sorts(folders, outputs, tmp_pat
     assert 0 < _difference(plain, theirs)[0] < 10
 
 
-def _kept_and_factor(out: dict, base: dict, model: dict):
-    """Per tensor: the kept mask (out ≠ base) and the factor of the kept entries, Σ|out − base| / Σ|τ_kept|, and
-    the L1 rule's factor Σ|τ| / Σ|τ_kept| on that mask."""
-    rows = []
-    for key, o in out.items():
-        b, x = base[key].double(), model[key].double()
-        tau = x - b
-        delta = o.double() - b
-        kept = delta != 0
-        if int(kept.sum()) == 0:
-            continue
-        factor = float(delta[kept].abs().sum() / tau[kept].abs().sum())
-        l1_rule = float(tau.abs().sum() / tau[kept].abs().sum())
-        rows.append((key, kept, tau, factor, l1_rule))
-    return rows
+STATISTICAL = sorted(RANDOM)  # every random recipe has its statistical test
 
 
-STATISTICAL = ["dare_linear", "dare_ties", "della", "della_linear"]
+def _random_setup(name: str, folders) -> ms.Setup:
+    return ms.setup(_recipe(name), lambda m: load_file(Path(folders[m]) / "model.safetensors"))
 
 
 @pytest.mark.parametrize("name", STATISTICAL)
 def test_random_methods_match_mergekit_statistically(name, folders, outputs):
-    """The masks differ draw by draw; the kept fraction (per |τ| quartile) and the L1 rescale rule agree, and for
-    DARE the two masks agree per element as often as two independent Bernoulli masks would."""
-    ours = outputs(name)
-    theirs = _fixture(name)
-    base = load_file(Path(folders["base"]) / "model.safetensors")
-    orca = load_file(Path(folders["orca"]) / "model.safetensors")
-    density = 0.4 if name.startswith("dare") else 0.5
-    for tool in (ours, theirs):
-        rows = _kept_and_factor(tool, base, orca)
-        kept = torch.cat([r[1].reshape(-1) for r in rows]).double()
-        n = kept.numel()
-        assert abs(float(kept.mean()) - density) < 4 * math.sqrt(density * (1 - density) / n)
-        for key, _, _, factor, l1_rule in rows:  # float32 outputs: the factor is recovered to ~1e-6
-            assert factor == pytest.approx(l1_rule, rel=1e-4), key
-    if name.startswith("dare"):
-        # Per-element agreement: two independent Bernoulli(p) masks agree with probability p² + (1 − p)²; the
-        # observed agreement of hf_stable's mask with mergekit's lies within 4 binomial standard deviations of it
-        # (a mask correlated with, or anti-correlated with, mergekit's would not).
-        masks = [torch.cat([r[1].reshape(-1) for r in _kept_and_factor(t, base, orca)]) for t in (ours, theirs)]
-        agree = float((masks[0] == masks[1]).double().mean())
-        expected = density**2 + (1 - density) ** 2
-        assert abs(agree - expected) < 4 * math.sqrt(expected * (1 - expected) / masks[0].numel()), agree
-    # DELLA keeps large |τ| more often: the kept fraction per |τ| quartile, the same in both tools
-    quartiles = []
-    for tool in (ours, theirs):
-        rows = _kept_and_factor(tool, base, orca)
-        kept = torch.cat([r[1].reshape(-1) for r in rows]).double()
-        rank = torch.cat([torch.argsort(torch.argsort(r[2].abs().reshape(-1))).double() / r[2].numel() for r in rows])
-        quartiles.append([float(kept[(rank >= q / 4) & (rank < (q + 1) / 4)].mean()) for q in range(4)])
-    n_q = sum(t.numel() for t in theirs.values()) / 4
-    for a, b in zip(*quartiles, strict=True):
-        assert abs(a - b) < 4 * math.sqrt(2 * 0.25 / n_q)
-    if name.startswith("della"):
-        assert quartiles[0][3] > quartiles[0][0] + 0.1 and quartiles[1][3] > quartiles[1][0] + 0.1
+    """The masks differ draw by draw (mergekit: `torch.bernoulli`; hf_stable: its counter-based generator); what
+    must agree is read back from each tool's output (`mergekit_parity/mask_stats.py`: per tensor the factor of each
+    model's lone kept entries, and per element the set of models whose entry it shows), and both outputs must pass:
+
+    * every resolved element is the base plus the recomputation from a kept set (for `dare_ties`/`della`: never the
+      sum of entries of opposite signs; the larger weighted one where both are kept);
+    * per model, the kept fraction on the elements where its mask bit is identified is within 4 binomial standard
+      deviations of the keep probability (`density`; DELLA's rank-dependent one, also per within-row |τ| quartile)
+      and of the other tool's fraction;
+    * with two models and sign consensus, the smaller of two opposite entries shows in the output on Σ p_i (1 − p_j)
+      elements (within 4 standard deviations): the sum-of-weighted-entries election, not a vote or a plain sum;
+    * each kept entry is scaled by the L1 rule ‖τ_i‖₁ / ‖m_i τ_i‖₁ of its own tensor and model (exactly where the
+      mask is fully identified, as with one model; between the bounds the identified bits give, and within 4
+      standard deviations in aggregate, where the election hides some bits);
+    * the two tools' identified mask bits agree per element as often as two independent draws (Σ p² + (1 − p)²).
+
+    One-model recipes (`dare_linear`, `dare_ties`, `della`, `della_linear`, float32): each mask bit is identified,
+    the factors are exact; the sign election is trivial. Two-model recipes (`basic-*`, bfloat16 arithmetic; the
+    `-bf16in` inputs round to the same bfloat16 weights, so the outputs are those of the float32-input recipe):
+    each model's mask is recovered where it is identified (every element but the smaller of two opposite signs),
+    within the bfloat16 tolerance that `mask_stats` states (the output is rounded relative to |base + Δ|, ~1% of
+    Δ; mergekit also rounds each intermediate), tensors of fewer than 32 entries left out.
+    """
+    s = _random_setup(name, folders)
+    theirs = ms.recover(s, _fixture(name))
+    ours = ms.recover(s, outputs(name))
+    assert ms.check(s, theirs) == []  # the checks describe mergekit's own output
+    assert ms.check(s, ours, theirs) == []
+
+
+@pytest.mark.parametrize("name", STATISTICAL)
+def test_statistical_check_rejects_wrong_implementations(name, folders, tmp_path):
+    """The control of the statistical test: on the same inputs, an implementation of the recipe written from its
+    description (`mask_stats.simulate`, its own draws) passes the checks against mergekit's output, and the same
+    implementation made wrong in one way fails the check that covers it: keep probabilities 0.8 × density (kept
+    fraction), no rescale (L1 rule), the DARE paper's 1/density rescale (L1 rule, where the mask is identified:
+    one model), no sign election or a vote (count of signs) instead of the weighted-sum election (election count:
+    two models with consensus), and DELLA's keep probability made flat (per-quartile kept fraction: ε = 0.2; with
+    mergekit's `test_basic_merges` ε = 0.05 the quartiles differ by 0.025, under the 4-sd resolution of ~650
+    entries a quartile, so there the rank dependence is not tested). hf_stable itself, run with `rescale: false`
+    (or, one-model DARE, `rescale_norm: inverse_density`), fails the rescale check too."""
+    s = _random_setup(name, folders)
+    dtype = getattr(torch, _recipe(name).get("dtype") or "float32")
+    theirs = ms.recover(s, _fixture(name))
+    assert ms.check(s, ms.recover(s, ms.simulate(s, 1, dtype=dtype)), theirs) == []
+    wrong = {"density 0.8×": ({"density_scale": 0.8}, "kept"), "no rescale": ({"rescale": None}, "rescale")}
+    k = len(s.weights)
+    if k == 1:
+        wrong["1/density rescale"] = ({"rescale": "inverse_density"}, "rescale")
+    if k > 1 and s.consensus:
+        wrong["no election"] = ({"consensus": None}, "election")
+        wrong["vote election"] = ({"consensus": "count"}, "election")
+    if s.method.startswith("della") and max(float(p.max() - p.min()) for p in s.prob.values()) > 0.3:
+        wrong["flat keep probability"] = ({"flat": True}, "kept")
+    for label, (change, failing) in wrong.items():
+        fails = ms.check(s, ms.recover(s, ms.simulate(s, 1, dtype=dtype, **change)), theirs)
+        assert any(f.startswith(failing + ":") for f in fails), (label, fails)
+    changes = [{"rescale": False}]
+    if k == 1 and s.method.startswith("dare"):  # hf_stable's own option for the DARE paper's rule
+        changes.append({"rescale_norm": "inverse_density"})
+    for n, change in enumerate(changes):
+        params = {**(_recipe(name).get("parameters") or {}), **change}
+        fails = ms.check(s, ms.recover(s, _run(name, folders, tmp_path / str(n), parameters=params)), theirs)
+        assert any(f.startswith("rescale:") for f in fails), (change, fails)
 
 
 def test_della_epsilon_beyond_density_is_refused_as_in_mergekit(folders, tmp_path):
