@@ -16,6 +16,8 @@ SCRIPTS = [
     "redi_alpha",
     "grpo_toy_bandits",
     "grpo_methods",
+    "grpo_off_policy",
+    "grpo_reward_design",
     "adapters_sine_unlearning",
     "grpo_length",
     "grpo_multi_objective",
@@ -26,6 +28,7 @@ SCRIPTS = [
     "merge_fisher_rao",
     "merge_wsm",
     "stability_spam",
+    "stability_guard_rl",
 ]
 
 
