@@ -69,8 +69,9 @@ VERDICTS = ("replicated", "not replicated", "inconclusive", "reference", "no exp
 @dataclass(frozen=True)
 class Row:
     """One method's evidence. `claim`: criteria of `experiment` that state the claim; `controls`: criteria that
-    show the testbed can detect it (all must pass for a failure to count). `grpo_methods`: the method's key in
-    `grpo_methods.json`'s verdicts (that experiment computes its own). `tofu`: the method's arm in `tinytofu.json`."""
+    show the testbed can detect it (all must pass for a failure to count). `verdicts`: the method's keys in the
+    experiment's `aggregate.methods` (the experiments on the RL testbed compute their own verdicts, each with its
+    detection control). `tofu`: the method's arm in `tinytofu.json`."""
 
     family: str
     name: str
@@ -78,7 +79,7 @@ class Row:
     experiment: str | None = None
     claim: tuple[str, ...] = ()
     controls: tuple[str, ...] = ()
-    grpo_methods: tuple[str, ...] = ()
+    verdicts: tuple[str, ...] = ()
     tofu: str | None = None
     reference: bool = False
     why: str = ""
@@ -87,18 +88,18 @@ class Row:
 
 R = Row
 ROWS = (
-    # GRPO advantages, losses and rewards: the RL testbed (grpo_methods) first, then the older toy experiments
+    # GRPO advantages, losses and rewards: the RL testbed's experiments first, then the older toy experiments
     R("advantage_estimator", "sgrpo", "S-GRPO keeps learning under noisy binary rewards where GRPO does not",
-      "grpo_methods", grpo_methods=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
+      "grpo_methods", verdicts=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
       also=("grpo_toy_bandits",)),
     R("advantage_estimator", "maxrl", "MaxRL improves on GRPO at equal samples", "grpo_methods",
-      grpo_methods=("maxrl",), also=("grpo_toy_bandits",)),
+      verdicts=("maxrl",), also=("grpo_toy_bandits",)),
     R("advantage_estimator", "dvao", "DVAO balances conflicting rewards better than a fixed combination",
       "grpo_toy_bandits", claim=("dvao", "dvao_conflict"), also=("grpo_multi_objective",)),
     R("advantage_estimator", "oblr", "OBLR-PO keeps RL stable where the step is too large", "grpo_methods",
-      grpo_methods=("oblr",), also=("grpo_toy_bandits",)),
+      verdicts=("oblr",), also=("grpo_toy_bandits",)),
     R("lr_scaling", "snr", "SNR-scaled learning rate keeps RL stable where the step is too large", "grpo_methods",
-      grpo_methods=("snr",)),
+      verdicts=("snr",)),
     R("loss_aggregation", "delta_l", "ΔL is the minimum-variance unbiased aggregation", "grpo_toy_bandits",
       claim=("delta_l",), also=("grpo_length",)),
     R("loss_mode", "drpo", "DRPO shortens correct answers without losing accuracy", "grpo_length", claim=("a",),
@@ -106,24 +107,23 @@ ROWS = (
     R("loss_mode", "onpolicy_sft", "on-policy SFT shortens answers without losing accuracy", "grpo_length",
       claim=("b",)),
     R("loss_mode", "stable_reinforce", "the pre-clipped ratio keeps RL stable where PPO's ratio blows up",
-      why="needs an off-policy phenomenon with exploding ratios on the RL testbed; not run yet"),
-    R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL",
-      why="no experiment yet"),
+      "grpo_off_policy", verdicts=("stable_reinforce (stale data)", "stable_reinforce (stale data, LR 1e-3)")),
+    R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL", "grpo_off_policy",
+      verdicts=("sigma_filter",)),
     R("reward_function", "stable_reinforce_reward", "the consistency term makes the policy's reasoning agree with "
       "its answer", why="needs a judge model and free-text reasoning; the RL testbed has neither"),
-    R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably",
-      why="no testbed generates off-policy data yet"),
+    R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably", "grpo_off_policy",
+      verdicts=("ess",)),
     R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
-      why="needs a free-text task where hidden-state geometry can carry quality; the RL testbed's answers are 1-3 "
-      "tokens"),
+      "grpo_reward_design", verdicts=("stable_rank",),
+      why="read on 1-3-token answers, where hidden-state geometry has little room to carry quality"),
     R("reward_function", "arithmetic_exact_match", "the testbeds' verifier", reference=True),
     R("reward_function", "majority_vote", "label-free RL with the group's majority answer raises accuracy (TTRL)",
-      "grpo_methods", grpo_methods=("majority_vote",)),
-    R("reward_transform", "brme", "a robust reward ensemble resists reward-model error",
-      why="needs an ensemble of imperfect reward heads on the RL testbed"),
+      "grpo_methods", verdicts=("majority_vote",)),
+    R("reward_transform", "brme", "a robust reward ensemble resists reward-model error", "grpo_reward_design",
+      verdicts=("brme",)),
     R("length_mask", "length_conditional", "withholding a reward past a length ratio to the reference is a better "
-      "length penalty than a linear one (BalCapRL)",
-      why="needs a task with reference lengths (captions) on the RL testbed; not run yet"),
+      "length penalty than a linear one (BalCapRL)", "grpo_reward_design", verdicts=("length_conditional",)),
     R("reward_weighting", "static", "TRL's fixed reward weights", reference=True),
     R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
       also=("grpo_multi_objective",)),
@@ -131,8 +131,8 @@ ROWS = (
       claim=("gradient",), also=("grpo_multi_objective",)),
     R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
       claim=("a",)),
-    R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation",
-      why="needs a proxy reward that can be over-optimised on the RL testbed"),
+    R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation", "grpo_reward_design",
+      verdicts=("lagrangian",)),
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
@@ -161,9 +161,13 @@ ROWS = (
     R("stability_optimizer", "stable_spam", "Stable-SPAM damps a gradient spike before it lands, at no cost on a "
       "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1",)),
     R("stability_monitor", "innovation_probe", "the innovation probe flags instability before the loss does",
-      why="no experiment yet"),
+      "stability_monitors", claim=("innovation_detects", "innovation_lead", "innovation_quiet"),
+      controls=("fault_hurts", "healthy_ok", "monitors_passive", "loss_rule_no_lead")),
     R("stability_monitor", "representation_drift", "representation drift predicts degraded steerability",
-      why="no experiment yet"),
+      "stability_monitors", claim=("drift_detects", "drift_quiet", "drift_rises"),
+      controls=("fault_hurts", "healthy_ok", "monitors_passive"),
+      why="the testbed has no steering task: read as 'drift rises with the damage and alarms on it, not on healthy "
+      "runs'"),
     # unlearning (TinyTOFU v2: GA's collapse and the embedding-reset control are its controls)
     *(
         R(family, name, "Tier 1 of TinyTOFU v2 on every seed (forgets, keeps retain and world knowledge)",
@@ -238,15 +242,15 @@ def evaluate(row: Row) -> dict:
         return {**out, "verdict": "no experiment", "effect": None, "ci_low": None, "ci_high": None,
                 "control_passed": None, "why": f"{row.experiment}.json is not committed"}
     effect = ci_low = ci_high = None
-    if row.grpo_methods:
-        found = [result["aggregate"]["methods"][k] for k in row.grpo_methods]
+    if row.verdicts:
+        found = [result["aggregate"]["methods"][k] for k in row.verdicts]
         verdict = min((v["verdict"] for v in found), key=VERDICTS.index)  # the best reading over its phenomena
         best = next(v for v in found if v["verdict"] == verdict)
         # the controls of the phenomenon the verdict is read on (each phenomenon's own are in `detail`)
         control = best["control_passed"] and (best["detection"] is None or best["detection"]["ci_high"] < 0)
         effect, ci_low, ci_high = _interval(best["effect"])
         detail = {k: {"verdict": v["verdict"], "effect": v["effect"]["mean"], "ci_low": v["effect"]["ci_low"],
-                      "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.grpo_methods, found, strict=True)}
+                      "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.verdicts, found, strict=True)}
         out["detail"] = detail
     elif row.tofu:
         agg = result["aggregate"][row.tofu]
