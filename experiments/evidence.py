@@ -200,7 +200,7 @@ ROWS = (
     R("adapter", "tfb", "TFB lowers ECE and NLL at the same accuracy", "adapters_tfb_calibration",
       claim=("1", "2")),
     R("adapter", "svd", "training only the singular values (CLOVER) matches LoRA with fewer parameters",
-      why="no experiment yet"),
+      "adapters_svd", claim=("A",), controls=("C1", "C2", "C3", "C4")),
     R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
     R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
