@@ -137,14 +137,18 @@ ROWS = (
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
       "sft_capability_continuum", claim=("ms_p", "ms_p10", "mw")),
-    R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", why="no experiment of its own"),
+    R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", "sft_thresholds",
+      claim=("top_p", "top_p_mw"), controls=("control_ms", "control_mw"),
+      why="read on its default kind, top_p"),
     R("sft_objective", "auto", "the `auto` rule picks the better objective by the model's prior",
       "sft_capability_continuum", claim=("calibrated_rule", "shipped_rule")),
     *(
-        R("sft_threshold", name, "token thresholds select the tokens the objective trains", why="no experiment")
+        R("sft_threshold", name, "the thresholded objective does as well as NLL on a strong model and better than -p "
+          "on a weak one", "sft_thresholds", claim=(name, f"{name}_mw"), controls=("control_ms", "control_mw"))
         for name in ("top_p", "bottom_p", "top_logp", "bottom_logp", "unlikelihood_top", "unlikelihood_bottom")
     ),
-    R("sft_sample_reweighting", "feasible", "Feasible Learning bounds every sample's loss", why="no experiment yet"),
+    R("sft_sample_reweighting", "feasible", "Feasible Learning bounds every sample's loss", "sft_thresholds",
+      claim=("feasible", "feasible_mean"), controls=("feasible_tail",)),
     R("sft_sequence_objective", "redi", "REDI's α < 1 keeps training on negatives stable", "redi_alpha",
       claim=("a_near", "a_far", "b_near", "b_far"), controls=("c_near", "c_far")),
     # merging beyond mergekit
