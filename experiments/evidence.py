@@ -20,6 +20,7 @@ Command:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,6 +208,10 @@ ROWS = (
       "adapters_svd", claim=("A",), controls=("C1", "C2", "C3", "C4")),
     R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
+    R("stability", "guard (GRPO, healthy run)", "the guard leaves a healthy sparse-reward GRPO run untouched",
+      "stability_guard_rl", claim=("H",), controls=("control",)),
+    R("stability", "guard (GRPO, LR blow-up)", "the guard turns an LR blow-up of a GRPO run into a run that ends "
+      "where the clean run ends", "stability_guard_rl", claim=("R", "E"), controls=("control", "F")),
     R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
       "stability_guard_spike", claim=("B1", "B2")),
 )
@@ -288,7 +293,7 @@ def _num(x) -> str:
 
 
 def anchor(family: str, name: str) -> str:
-    return f"{family}-{name}".replace("_", "-")
+    return re.sub(r"[^a-z0-9]+", "-", f"{family}-{name}".lower()).strip("-")
 
 
 def page(index: dict) -> str:
