@@ -217,15 +217,26 @@ def testbed_sources(script: str) -> list[Path]:
     return sorted(TESTBEDS.rglob("*.py")) if uses else []
 
 
+def sibling_sources(script: str) -> list[Path]:
+    """The other experiment scripts `script` imports at module level (`from grpo_methods import ...`): a script that
+    reuses another's arms or verdict rule depends on that code too."""
+    path = Path(script)
+    if not path.is_file():
+        return []
+    names = re.findall(r"^(?:from|import)\s+(\w+)", path.read_text(), re.MULTILINE)
+    found = {ROOT / f"{n}.py" for n in names if n != "_harness" and (ROOT / f"{n}.py").is_file()}
+    return sorted(found - {path.resolve()})
+
+
 def _sources_digest(script: str) -> str:
-    """Digest of the code a per-seed record depends on: the script, the testbeds it imports and the `hf_stable`
-    library sources.
+    """Digest of the code a per-seed record depends on: the script, the experiment scripts and testbeds it imports
+    and the `hf_stable` library sources.
 
     This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
     throw away hours of cached seeds.
     """
     h = hashlib.sha1()
-    files = [Path(script), *testbed_sources(script), *library_sources()]
+    files = [Path(script), *sibling_sources(script), *testbed_sources(script), *library_sources()]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())

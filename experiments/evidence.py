@@ -20,6 +20,7 @@ Command:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,8 +70,9 @@ VERDICTS = ("replicated", "not replicated", "inconclusive", "reference", "no exp
 @dataclass(frozen=True)
 class Row:
     """One method's evidence. `claim`: criteria of `experiment` that state the claim; `controls`: criteria that
-    show the testbed can detect it (all must pass for a failure to count). `grpo_methods`: the method's key in
-    `grpo_methods.json`'s verdicts (that experiment computes its own). `tofu`: the method's arm in `tinytofu.json`."""
+    show the testbed can detect it (all must pass for a failure to count). `verdicts`: the method's keys in the
+    experiment's `aggregate.methods` (the experiments on the RL testbed compute their own verdicts, each with its
+    detection control). `tofu`: the method's arm in `tinytofu.json`."""
 
     family: str
     name: str
@@ -78,7 +80,7 @@ class Row:
     experiment: str | None = None
     claim: tuple[str, ...] = ()
     controls: tuple[str, ...] = ()
-    grpo_methods: tuple[str, ...] = ()
+    verdicts: tuple[str, ...] = ()
     tofu: str | None = None
     reference: bool = False
     why: str = ""
@@ -87,18 +89,18 @@ class Row:
 
 R = Row
 ROWS = (
-    # GRPO advantages, losses and rewards: the RL testbed (grpo_methods) first, then the older toy experiments
+    # GRPO advantages, losses and rewards: the RL testbed's experiments first, then the older toy experiments
     R("advantage_estimator", "sgrpo", "S-GRPO keeps learning under noisy binary rewards where GRPO does not",
-      "grpo_methods", grpo_methods=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
+      "grpo_methods", verdicts=("sgrpo (i.i.d. flips)", "sgrpo (one flip per group)"),
       also=("grpo_toy_bandits",)),
     R("advantage_estimator", "maxrl", "MaxRL improves on GRPO at equal samples", "grpo_methods",
-      grpo_methods=("maxrl",), also=("grpo_toy_bandits",)),
+      verdicts=("maxrl",), also=("grpo_toy_bandits",)),
     R("advantage_estimator", "dvao", "DVAO balances conflicting rewards better than a fixed combination",
       "grpo_toy_bandits", claim=("dvao", "dvao_conflict"), also=("grpo_multi_objective",)),
     R("advantage_estimator", "oblr", "OBLR-PO keeps RL stable where the step is too large", "grpo_methods",
-      grpo_methods=("oblr",), also=("grpo_toy_bandits",)),
+      verdicts=("oblr",), also=("grpo_toy_bandits",)),
     R("lr_scaling", "snr", "SNR-scaled learning rate keeps RL stable where the step is too large", "grpo_methods",
-      grpo_methods=("snr",)),
+      verdicts=("snr",)),
     R("loss_aggregation", "delta_l", "ΔL is the minimum-variance unbiased aggregation", "grpo_toy_bandits",
       claim=("delta_l",), also=("grpo_length",)),
     R("loss_mode", "drpo", "DRPO shortens correct answers without losing accuracy", "grpo_length", claim=("a",),
@@ -106,24 +108,23 @@ ROWS = (
     R("loss_mode", "onpolicy_sft", "on-policy SFT shortens answers without losing accuracy", "grpo_length",
       claim=("b",)),
     R("loss_mode", "stable_reinforce", "the pre-clipped ratio keeps RL stable where PPO's ratio blows up",
-      why="needs an off-policy phenomenon with exploding ratios on the RL testbed; not run yet"),
-    R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL",
-      why="no experiment yet"),
+      "grpo_off_policy", verdicts=("stable_reinforce (stale data)", "stable_reinforce (stale data, LR 1e-3)")),
+    R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL", "grpo_off_policy",
+      verdicts=("sigma_filter",)),
     R("reward_function", "stable_reinforce_reward", "the consistency term makes the policy's reasoning agree with "
       "its answer", why="needs a judge model and free-text reasoning; the RL testbed has neither"),
-    R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably",
-      why="no testbed generates off-policy data yet"),
+    R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably", "grpo_off_policy",
+      verdicts=("ess",)),
     R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
-      why="needs a free-text task where hidden-state geometry can carry quality; the RL testbed's answers are 1-3 "
-      "tokens"),
+      "grpo_reward_design", verdicts=("stable_rank",),
+      why="read on 1-3-token answers, where hidden-state geometry has little room to carry quality"),
     R("reward_function", "arithmetic_exact_match", "the testbeds' verifier", reference=True),
     R("reward_function", "majority_vote", "label-free RL with the group's majority answer raises accuracy (TTRL)",
-      "grpo_methods", grpo_methods=("majority_vote",)),
-    R("reward_transform", "brme", "a robust reward ensemble resists reward-model error",
-      why="needs an ensemble of imperfect reward heads on the RL testbed"),
+      "grpo_methods", verdicts=("majority_vote",)),
+    R("reward_transform", "brme", "a robust reward ensemble resists reward-model error", "grpo_reward_design",
+      verdicts=("brme",)),
     R("length_mask", "length_conditional", "withholding a reward past a length ratio to the reference is a better "
-      "length penalty than a linear one (BalCapRL)",
-      why="needs a task with reference lengths (captions) on the RL testbed; not run yet"),
+      "length penalty than a linear one (BalCapRL)", "grpo_reward_design", verdicts=("length_conditional",)),
     R("reward_weighting", "static", "TRL's fixed reward weights", reference=True),
     R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
       also=("grpo_multi_objective",)),
@@ -131,20 +132,24 @@ ROWS = (
       claim=("gradient",), also=("grpo_multi_objective",)),
     R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
       claim=("a",)),
-    R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation",
-      why="needs a proxy reward that can be over-optimised on the RL testbed"),
+    R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation", "grpo_reward_design",
+      verdicts=("lagrangian",)),
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
       "sft_capability_continuum", claim=("ms_p", "ms_p10", "mw")),
-    R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", why="no experiment of its own"),
+    R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", "sft_thresholds",
+      claim=("top_p", "top_p_mw"), controls=("control_ms", "control_mw"),
+      why="read on its default kind, top_p"),
     R("sft_objective", "auto", "the `auto` rule picks the better objective by the model's prior",
       "sft_capability_continuum", claim=("calibrated_rule", "shipped_rule")),
     *(
-        R("sft_threshold", name, "token thresholds select the tokens the objective trains", why="no experiment")
+        R("sft_threshold", name, "the thresholded objective does as well as NLL on a strong model and better than -p "
+          "on a weak one", "sft_thresholds", claim=(name, f"{name}_mw"), controls=("control_ms", "control_mw"))
         for name in ("top_p", "bottom_p", "top_logp", "bottom_logp", "unlikelihood_top", "unlikelihood_bottom")
     ),
-    R("sft_sample_reweighting", "feasible", "Feasible Learning bounds every sample's loss", why="no experiment yet"),
+    R("sft_sample_reweighting", "feasible", "Feasible Learning bounds every sample's loss", "sft_thresholds",
+      claim=("feasible", "feasible_mean"), controls=("feasible_tail",)),
     R("sft_sequence_objective", "redi", "REDI's α < 1 keeps training on negatives stable", "redi_alpha",
       claim=("a_near", "a_far", "b_near", "b_far"), controls=("c_near", "c_far")),
     # merging beyond mergekit
@@ -161,9 +166,13 @@ ROWS = (
     R("stability_optimizer", "stable_spam", "Stable-SPAM damps a gradient spike before it lands, at no cost on a "
       "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1",)),
     R("stability_monitor", "innovation_probe", "the innovation probe flags instability before the loss does",
-      why="no experiment yet"),
+      "stability_monitors", claim=("innovation_detects", "innovation_lead", "innovation_quiet"),
+      controls=("fault_hurts", "healthy_ok", "monitors_passive", "loss_rule_no_lead")),
     R("stability_monitor", "representation_drift", "representation drift predicts degraded steerability",
-      why="no experiment yet"),
+      "stability_monitors", claim=("drift_detects", "drift_quiet", "drift_rises"),
+      controls=("fault_hurts", "healthy_ok", "monitors_passive"),
+      why="the testbed has no steering task: read as 'drift rises with the damage and alarms on it, not on healthy "
+      "runs'"),
     # unlearning (TinyTOFU v2: GA's collapse and the embedding-reset control are its controls)
     *(
         R(family, name, "Tier 1 of TinyTOFU v2 on every seed (forgets, keeps retain and world knowledge)",
@@ -196,9 +205,13 @@ ROWS = (
     R("adapter", "tfb", "TFB lowers ECE and NLL at the same accuracy", "adapters_tfb_calibration",
       claim=("1", "2")),
     R("adapter", "svd", "training only the singular values (CLOVER) matches LoRA with fewer parameters",
-      why="no experiment yet"),
+      "adapters_svd", claim=("A",), controls=("C1", "C2", "C3", "C4")),
     R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
+    R("stability", "guard (GRPO, healthy run)", "the guard leaves a healthy sparse-reward GRPO run untouched",
+      "stability_guard_rl", claim=("H",), controls=("control",)),
+    R("stability", "guard (GRPO, LR blow-up)", "the guard turns an LR blow-up of a GRPO run into a run that ends "
+      "where the clean run ends", "stability_guard_rl", claim=("R", "E"), controls=("control", "F")),
     R("stability", "component_clip", "per-component clipping lowers the seed spread of the final loss",
       "stability_guard_spike", claim=("B1", "B2")),
 )
@@ -238,15 +251,15 @@ def evaluate(row: Row) -> dict:
         return {**out, "verdict": "no experiment", "effect": None, "ci_low": None, "ci_high": None,
                 "control_passed": None, "why": f"{row.experiment}.json is not committed"}
     effect = ci_low = ci_high = None
-    if row.grpo_methods:
-        found = [result["aggregate"]["methods"][k] for k in row.grpo_methods]
+    if row.verdicts:
+        found = [result["aggregate"]["methods"][k] for k in row.verdicts]
         verdict = min((v["verdict"] for v in found), key=VERDICTS.index)  # the best reading over its phenomena
         best = next(v for v in found if v["verdict"] == verdict)
         # the controls of the phenomenon the verdict is read on (each phenomenon's own are in `detail`)
         control = best["control_passed"] and (best["detection"] is None or best["detection"]["ci_high"] < 0)
         effect, ci_low, ci_high = _interval(best["effect"])
         detail = {k: {"verdict": v["verdict"], "effect": v["effect"]["mean"], "ci_low": v["effect"]["ci_low"],
-                      "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.grpo_methods, found, strict=True)}
+                      "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.verdicts, found, strict=True)}
         out["detail"] = detail
     elif row.tofu:
         agg = result["aggregate"][row.tofu]
@@ -280,7 +293,7 @@ def _num(x) -> str:
 
 
 def anchor(family: str, name: str) -> str:
-    return f"{family}-{name}".replace("_", "-")
+    return re.sub(r"[^a-z0-9]+", "-", f"{family}-{name}".lower()).strip("-")
 
 
 def page(index: dict) -> str:

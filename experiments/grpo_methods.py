@@ -31,7 +31,10 @@ Quick smoke run (tiny sizes, one seed; its verdicts mean nothing):
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -94,10 +97,72 @@ def arm_run(seed: int, sizes: Sizes, name: str) -> dict:
     return rl.run_grpo(seed, recipe, label=name, overrides=overrides, **spec)
 
 
+KEEP = ("heldout_em_start", "heldout_em_end", "gain", "heldout_curve", "cpu_s", "logged")
+
+
 def run_seed(seed: int, sizes: Sizes) -> dict:
-    keep = ("heldout_em_start", "heldout_em_end", "gain", "heldout_curve", "cpu_s")
     records = {name: arm_run(seed, sizes, name) for name in ARMS}
-    return {name: {k: r[k] for k in keep} for name, r in records.items()}
+    return {name: {k: r[k] for k in KEEP if k in r} for name, r in records.items()}
+
+
+# metrics a run made by `run_custom` keeps (every logged key with one of these prefixes, and the clean means of
+# noisy rewards), to show a phenomenon
+LOGGED_PREFIXES = ("stable/", "rewards/", "completions/mean_length", "clip_ratio/")
+
+
+def run_custom(
+    seed: int, recipe: rl.Recipe, rewards: list, overrides: dict, column=None, setup=None, label: str = ""
+) -> dict:
+    """One run from the seed's warm start like `rl.run_grpo`, for what it does not take: several reward functions,
+    a dataset column added by `column` (`row -> {name: value}`), `setup(trainer)` before training (e.g. to attach a
+    callback), and the logged metrics kept (`LOGGED_PREFIXES`, as `[step, value]` lists). Not cached here: the
+    harness caches the seed, `run_arms` each arm within it."""
+    from transformers import PrinterCallback
+
+    from hf_stable import StableGRPOTrainer
+
+    data = rl.seed_data(seed, recipe)
+    path, _ = rl.warm_start(seed, recipe, data)
+    cpu = time.process_time()
+    model, tokenizer = rl.load(path)
+    heldout = rl._heldout_callback(tokenizer, data["heldout"], recipe.eval_every)
+    prompts = rl.rl_prompts(data, seed, recipe)
+    prompts = prompts.map(column) if column else prompts
+    with tempfile.TemporaryDirectory() as tmp:
+        args = rl.grpo_config(tmp, seed, recipe, **overrides)
+        trainer = StableGRPOTrainer(model, rewards, args, prompts, processing_class=tokenizer, callbacks=[heldout])
+        trainer.remove_callback(PrinterCallback)
+        if setup is not None:
+            setup(trainer)
+        trainer.train()
+    logged = {}
+    for entry in trainer.state.log_history:
+        for key, value in entry.items():
+            kept = key.startswith(LOGGED_PREFIXES) or key.endswith("/clean")  # a noisy reward's clean mean
+            if kept and isinstance(value, (int, float)):
+                logged.setdefault(key, []).append([entry["step"], value])
+    start, end = heldout.points[0][1], heldout.points[-1][1]
+    record = {"heldout_em_start": start, "heldout_em_end": end, "gain": end - start, "heldout_curve": heldout.points}
+    record.update(cpu_s=time.process_time() - cpu, logged=logged)
+    print(f"[{label} seed {seed}] held-out EM {start:.3f} -> {end:.3f} ({end - start:+.3f})", flush=True)
+    return record
+
+
+def run_arms(seed: int, arm_run, names, work: Path | None) -> dict:
+    """`arm_run(name)` for each arm, each record kept in the seed's work folder (`work`) as it finishes, so an
+    interrupted seed resumes at its next arm."""
+    out = {}
+    for name in names:
+        path = work / f"{name}.json" if work else None
+        if path is not None and path.exists():
+            out[name] = json.loads(path.read_text())
+            continue
+        record = arm_run(name)
+        out[name] = {k: record[k] for k in KEEP if k in record}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(out[name]))
+    return out
 
 
 def paired(per_seed: dict, arm: str, baseline: str | None) -> dict:
@@ -105,10 +170,11 @@ def paired(per_seed: dict, arm: str, baseline: str | None) -> dict:
     return rl.t_interval(diffs)
 
 
-def verdicts(per_seed: dict) -> dict:
+def verdicts(per_seed: dict, claims: dict = CLAIMS) -> dict:
+    """Each claim's paired effect, its detection control and its verdict; `claims` as `CLAIMS`."""
     control = rl.control_verdict([r["grpo"]["gain"] for r in per_seed.values()])
     out = {}
-    for method, (family, arm, baseline, detection) in CLAIMS.items():
+    for method, (family, arm, baseline, detection) in claims.items():
         effect = paired(per_seed, arm, baseline)
         detect = paired(per_seed, *detection) if detection else None
         detected = control["passed"] and (detect is None or detect["ci_high"] < 0)
@@ -128,18 +194,24 @@ def verdicts(per_seed: dict) -> dict:
     return {"control": control, "methods": out}
 
 
-def aggregate(per_seed: dict, sizes: Sizes) -> dict:
-    arms = {
+def aggregate_arms(per_seed: dict, arms, claims: dict) -> dict:
+    """Each arm's held-out gain (interval over seeds) and final EM, then `verdicts`."""
+    summary = {
         name: {
             "gain": rl.t_interval([r[name]["gain"] for r in per_seed.values()]),
             "end_em": statistics.fmean(r[name]["heldout_em_end"] for r in per_seed.values()),
         }
-        for name in ARMS
+        for name in arms
     }
-    return {"arms": arms, **verdicts(per_seed)}
+    return {"arms": summary, **verdicts(per_seed, claims)}
+
+
+def aggregate(per_seed: dict, sizes: Sizes) -> dict:
+    return aggregate_arms(per_seed, ARMS, CLAIMS)
 
 
 def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
+    """The testbed's control, then one criterion per claim (passed = replicated)."""
     checks = {
         "control": criterion(
             f"testbed control: plain GRPO's mean held-out gain ≥ +{rl.CONTROL_GAIN:.2f}, interval above 0",
@@ -158,7 +230,7 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     return checks
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, title: str = "GRPO family on the RL testbed") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,7 +246,7 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 4.2))
     ax.bar(names, means, yerr=errs, capsize=3, color="tab:blue")
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set(ylabel="held-out EM gain over the warm start (95% CI)", title="GRPO family on the RL testbed")
+    ax.set(ylabel="held-out EM gain over the warm start (95% CI)", title=title)
     ax.tick_params(axis="x", rotation=35)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -199,6 +271,29 @@ def markdown(result: dict) -> str:
         eff = f"{e['mean']:+.3f} [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}]"
         lines.append(f"| {method} | {eff} | {det} | {v['verdict']} |")
     return "\n".join(lines)
+
+
+def claims_experiment(name: str, title: str, claim: str, arms: dict, claims: dict, arm_run, sizes, quick_sizes,
+                      report=None, config=None, script: str = "") -> Experiment:
+    """An experiment on the RL testbed laid out like this one: `arm_run(seed, sizes, arm) -> record` for each of
+    `arms` (each arm kept in the seed's work folder as it finishes), `claims` as `CLAIMS`, the table of `markdown`
+    followed by `report(result)` when given."""
+    return Experiment(
+        name=name,
+        title=title,
+        claim=claim,
+        sizes=sizes,
+        quick_sizes=quick_sizes,
+        run_seed=lambda seed, sizes, work=None: run_arms(seed, lambda arm: arm_run(seed, sizes, arm), arms, work),
+        aggregate=lambda per_seed, sizes: aggregate_arms(per_seed, arms, claims),
+        criteria=criteria,
+        plot=lambda result, path: plot(result, path, title=title),
+        markdown=lambda result: markdown(result) + ("\n\n" + report(result) if report else ""),
+        config={"testbed": "experiments/testbeds/rl.py", "arms": arms, "claims": claims, **(config or {})},
+        default_seeds=(1, 2, 3),
+        script=script,
+        work_cache=True,
+    )
 
 
 EXPERIMENT = Experiment(

@@ -13,19 +13,25 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = [
     "sft_capability_continuum",
+    "sft_thresholds",
     "redi_alpha",
     "grpo_toy_bandits",
     "grpo_methods",
+    "grpo_off_policy",
+    "grpo_reward_design",
     "adapters_sine_unlearning",
     "grpo_length",
     "grpo_multi_objective",
     "adapters_tfb_calibration",
     "adapters_map_rank",
     "adapters_rslora_rank",
+    "adapters_svd",
     "merge_fw",
     "merge_fisher_rao",
     "merge_wsm",
     "stability_spam",
+    "stability_guard_rl",
+    "stability_monitors",
 ]
 
 
@@ -110,3 +116,13 @@ def test_stability_guard_spike_quick_designs(quick_runs, design):
     assert [d[2] for d in nan_step["guarded"]["decisions"]][:1] == ["skip"]
     assert (tmp_path / f"{name}.png").stat().st_size > 10_000
     assert "(A1)" in (tmp_path / f"{name}.md").read_text()
+
+
+def test_every_experiment_script_has_a_quick_run():
+    """A new script joins `SCRIPTS` (or has its own quick test, as the two below): an experiment nobody runs in CI
+    stops working unnoticed."""
+    # test_stability_guard_spike_quick_designs; tests/experiments/test_tinytofu_benchmark.py and test_rl_testbed.py
+    own_tests = {"stability_guard_spike", "tinytofu", "grpo_rl_control"}
+    not_experiments = {"_harness", "evidence"}
+    scripts = {p[:-3] for p in os.listdir(os.path.join(ROOT, "experiments")) if p.endswith(".py")}
+    assert scripts - not_experiments - own_tests == set(SCRIPTS)

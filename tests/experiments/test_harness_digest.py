@@ -85,3 +85,20 @@ def test_stale_results_follow_the_code(tmp_path, monkeypatch):
     (tmp_path / "hf_stable" / "cli").mkdir()
     (tmp_path / "hf_stable" / "cli" / "main.py").write_text("z = 1\n")  # the CLI layer does not
     assert _harness.stale_results(results)["toy"] == "fresh"
+
+
+def test_digest_follows_the_experiment_scripts_a_script_imports(tmp_path, monkeypatch):
+    """A script that imports another experiment script (its arms, its verdict rule) goes stale when that one changes;
+    one that does not import it stays fresh."""
+    monkeypatch.setattr(_harness, "ROOT", tmp_path)
+    (tmp_path / "base_exp.py").write_text("ARMS = {'a': 1}\n")
+    user = tmp_path / "user_exp.py"
+    user.write_text("from base_exp import ARMS\n")
+    loner = tmp_path / "loner_exp.py"
+    loner.write_text("import json\n")
+    assert _harness.sibling_sources(str(user)) == [tmp_path / "base_exp.py"]
+    assert _harness.sibling_sources(str(loner)) == []
+    before_user, before_loner = _harness._sources_digest(str(user)), _harness._sources_digest(str(loner))
+    (tmp_path / "base_exp.py").write_text("ARMS = {'a': 2}\n")
+    assert _harness._sources_digest(str(user)) != before_user
+    assert _harness._sources_digest(str(loner)) == before_loner
