@@ -206,7 +206,7 @@ ROWS = (
       claim=("1", "2")),
     R("adapter", "svd", "training only the singular values (CLOVER) matches LoRA with fewer parameters",
       "adapters_svd", claim=("A",), controls=("C1", "C2", "C3", "C4")),
-    R("stability", "guard", "the guard turns three faults into runs that end where a clean run ends",
+    R("stability", "guard", "on SFT, the guard turns three injected faults into runs that end where a clean run ends",
       "stability_guard_spike_v2", claim=("A1", "A3"), controls=("A2",)),
     R("stability", "guard (GRPO, healthy run)", "the guard leaves a healthy sparse-reward GRPO run untouched",
       "stability_guard_rl", claim=("H",), controls=("control",)),
