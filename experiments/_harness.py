@@ -210,22 +210,31 @@ TESTBEDS = ROOT / "testbeds"
 
 
 def testbed_sources(script: str) -> list[Path]:
-    """The shared testbeds' sources (`experiments/testbeds/`) when `script` imports them, else none (so a testbed
-    change leaves the results of scripts that do not use it fresh)."""
-    path = Path(script)
-    uses = path.is_file() and re.search(r"^\s*(from|import)\s+testbeds\b", path.read_text(), re.MULTILINE)
+    """The shared testbeds' sources (`experiments/testbeds/`) when `script`, or an experiment script it imports,
+    imports them, else none (so a testbed change leaves the results of scripts that do not use it fresh)."""
+    pattern = re.compile(r"^\s*(from|import)\s+testbeds\b", re.MULTILINE)
+    uses = any(p.is_file() and pattern.search(p.read_text()) for p in (Path(script), *sibling_sources(script)))
     return sorted(TESTBEDS.rglob("*.py")) if uses else []
 
 
+def _imported_siblings(path: Path) -> set[Path]:
+    names = re.findall(r"^(?:from|import)\s+(\w+)", path.read_text(), re.MULTILINE)
+    return {ROOT / f"{n}.py" for n in names if n != "_harness" and (ROOT / f"{n}.py").is_file()}
+
+
 def sibling_sources(script: str) -> list[Path]:
-    """The other experiment scripts `script` imports at module level (`from grpo_methods import ...`): a script that
-    reuses another's arms or verdict rule depends on that code too."""
+    """The other experiment scripts `script` imports at module level (`from grpo_methods import ...`), those they
+    import, and so on: a script that reuses another's arms, base model or verdict rule depends on that code too."""
     path = Path(script)
     if not path.is_file():
         return []
-    names = re.findall(r"^(?:from|import)\s+(\w+)", path.read_text(), re.MULTILINE)
-    found = {ROOT / f"{n}.py" for n in names if n != "_harness" and (ROOT / f"{n}.py").is_file()}
-    return sorted(found - {path.resolve()})
+    own = {path, path.resolve()}
+    seen, todo = set(), [path]
+    while todo:
+        for found in _imported_siblings(todo.pop()) - seen - own:
+            seen.add(found)
+            todo.append(found)
+    return sorted(seen)
 
 
 def _sources_digest(script: str) -> str:

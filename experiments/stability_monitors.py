@@ -89,16 +89,15 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import shutil
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _harness import _sources_digest as sources_digest
 from _harness import criterion, declare, finite, run, save_figure, subplots
-from testbeds import tiny_trl
+
+# the same tiny base and SFT arguments as the Stable-SPAM experiment (its base is cached there, keyed by its code)
+from stability_spam import BASE_ARGS, pretrained_base
 
 
 NAME = "stability_monitors"
@@ -131,44 +130,6 @@ SETTINGS = {
     "damage_nats": 0.3,
     "healthy_tolerance": 0.05,
 }
-BASE_ARGS = dict(
-    per_device_train_batch_size=8,
-    weight_decay=0.0,
-    logging_steps=1,
-    max_length=32,
-    optim="adamw_torch",
-    **tiny_trl.CPU_ARGS,
-)
-
-
-# -- runs --------------------------------------------------------------------------------------------------------
-def pretrained_base(base_steps: int) -> str:
-    """The base every run starts from, trained once and cached (keyed by the code digest)."""
-    folder = CACHE / f"base-{base_steps}-{sources_digest(__file__)[:12]}"
-    if (folder / "done.json").is_file():
-        return str(folder)
-    from trl import SFTConfig, SFTTrainer
-
-    from hf_stable.testing import arithmetic_dataset, build_tiny_model
-
-    model, tokenizer = build_tiny_model(seed=0)
-    with tempfile.TemporaryDirectory() as tmp:
-        args = SFTConfig(output_dir=tmp, max_steps=base_steps, learning_rate=1e-3, lr_scheduler_type="constant",
-                         max_grad_norm=1.0, seed=7, **BASE_ARGS)  # fmt: skip
-        trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
-                             train_dataset=arithmetic_dataset(8 * base_steps, seed=7, max_operand=99))  # fmt: skip
-        trainer.train()
-    staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    trainer.save_model(str(staging))
-    tokenizer.save_pretrained(str(staging))
-    (staging / "done.json").write_text("{}")
-    try:
-        os.replace(staging, folder)
-    except OSError:  # another process finished the same base first; it is identical
-        shutil.rmtree(staging)
-    return str(folder)
-
-
 def sft_run(kind: str, seed: int, ctx: dict) -> dict:
     """One fine-tuning run with both monitors attached; returns losses, probe and drift series, and alarm steps."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback

@@ -102,3 +102,21 @@ def test_digest_follows_the_experiment_scripts_a_script_imports(tmp_path, monkey
     (tmp_path / "base_exp.py").write_text("ARMS = {'a': 2}\n")
     assert _harness._sources_digest(str(user)) != before_user
     assert _harness._sources_digest(str(loner)) == before_loner
+
+
+def test_digest_follows_what_an_imported_script_imports(tmp_path, monkeypatch):
+    """Transitively: a script importing `middle`, which imports `leaf` and the testbeds, depends on both and on the
+    testbeds, although it imports neither itself."""
+    monkeypatch.setattr(_harness, "ROOT", tmp_path)
+    monkeypatch.setattr(_harness, "TESTBEDS", tmp_path / "testbeds")
+    (tmp_path / "testbeds").mkdir()
+    (tmp_path / "testbeds" / "bed.py").write_text("X = 1\n")
+    (tmp_path / "leaf.py").write_text("Y = 1\n")
+    (tmp_path / "middle.py").write_text("from leaf import Y\nfrom testbeds import bed\n")
+    top = tmp_path / "top.py"
+    top.write_text("from middle import Y\n")
+    assert _harness.sibling_sources(str(top)) == [tmp_path / "leaf.py", tmp_path / "middle.py"]
+    assert _harness.testbed_sources(str(top)) == [tmp_path / "testbeds" / "bed.py"]
+    before = _harness._sources_digest(str(top))
+    (tmp_path / "testbeds" / "bed.py").write_text("X = 2\n")
+    assert _harness._sources_digest(str(top)) != before
