@@ -299,7 +299,9 @@ def cached_seed(exp: Experiment, seed: int, sizes, digest: str, use_cache: bool)
     record = json.loads(dumps(record))  # what is stored is what is returned, cached or not
     record.setdefault("seed_wall_s", time.time() - start)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(record))
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # a kill mid-write must not leave a record that cannot be read
+    tmp.write_text(dumps(record))
+    os.replace(tmp, path)
     return record, False
 
 
