@@ -19,6 +19,7 @@ SCRIPTS = [
     "grpo_methods",
     "grpo_off_policy",
     "grpo_reward_design",
+    "grpo_smollm2",
     "adapters_sine_unlearning",
     "grpo_length",
     "grpo_multi_objective",
@@ -36,6 +37,7 @@ SCRIPTS = [
 
 
 SPIKE_DESIGNS = ("v1", "v2")
+ONE_SEED = {"grpo_smollm2"}
 
 
 def _quick_command(job: str, out) -> list[str]:
@@ -84,7 +86,10 @@ def test_quick_run_writes_results(quick_runs, name):
 def test_committed_results_state_their_criterion(name):
     """The results the docs quote are committed, with a pass/fail verdict for each criterion."""
     data = json.loads(open(os.path.join(ROOT, "experiments", "results", f"{name}.json")).read())
-    assert len(data["config"]["seeds"]) >= 3 and list(data["per_seed"]) == [str(s) for s in data["config"]["seeds"]]
+    # the real-model confirmation runs once, as the evidence issue asks; its intervals are over held-out problems
+    least = 1 if name in ONE_SEED else 3
+    seeds = data["config"]["seeds"]
+    assert len(seeds) >= least and list(data["per_seed"]) == [str(s) for s in seeds]
     assert data["criteria"], "no pass criterion recorded"
     assert all(c["criterion"] and isinstance(c["passed"], bool) for c in data["criteria"].values())
 
