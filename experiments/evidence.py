@@ -124,7 +124,8 @@ ROWS = (
     R("reward_transform", "brme", "a robust reward ensemble resists reward-model error", "grpo_reward_design",
       verdicts=("brme",)),
     R("length_mask", "length_conditional", "withholding a reward past a length ratio to the reference is a better "
-      "length penalty than a linear one (BalCapRL)", "grpo_reward_design", verdicts=("length_conditional",)),
+      "length penalty than a linear one (BalCapRL)", "grpo_reward_design", verdicts=("length_conditional",),
+      also=("grpo_smollm2",)),
     R("reward_weighting", "static", "TRL's fixed reward weights", reference=True),
     R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
       also=("grpo_multi_objective",)),
@@ -133,7 +134,7 @@ ROWS = (
     R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
       claim=("a",)),
     R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation", "grpo_reward_design",
-      verdicts=("lagrangian",)),
+      verdicts=("lagrangian",), also=("grpo_smollm2",)),
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
