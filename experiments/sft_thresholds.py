@@ -116,18 +116,9 @@ TESTBED_SHA1 = hashlib.sha1((HERE / "sft_capability_continuum.py").read_bytes())
 
 
 @dataclass(frozen=True)
-class Sizes:
-    max_operand: int = 99
-    n_eval: int = 500
-    pretrain_steps: int = 2000
-    pretrain_batch: int = 64
-    pretrain_lr: float = 3e-3
-    sft_steps: int = 150
-    sft_batch: int = 64
-    sft_lr: float = 1e-3
-    noise_rate: float = 0.3
-    probe_batches: int = 32
-    max_length: int = 16
+class Sizes(e_a1.Config):
+    """E-A1's sizes (its fields, first and in its order) and Feasible Learning's."""
+
     fl_samples: int = 1024
     fl_epochs: int = 10
 
