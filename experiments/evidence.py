@@ -72,7 +72,8 @@ class Row:
     """One method's evidence. `claim`: criteria of `experiment` that state the claim; `controls`: criteria that
     show the testbed can detect it (all must pass for a failure to count). `verdicts`: the method's keys in the
     experiment's `aggregate.methods` (the experiments on the RL testbed compute their own verdicts, each with its
-    detection control). `tofu`: the method's arm in `tinytofu.json`."""
+    detection control). `tofu`: the method's arm in `tinytofu.json`. `undetectable`: the testbed cannot show the
+    phenomenon the claim is about and no control says otherwise, so a failure there reads inconclusive."""
 
     family: str
     name: str
@@ -85,6 +86,7 @@ class Row:
     reference: bool = False
     why: str = ""
     also: tuple[str, ...] = field(default=())
+    undetectable: bool = False
 
 
 R = Row
@@ -116,8 +118,10 @@ ROWS = (
     R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably", "grpo_off_policy",
       verdicts=("ess",)),
     R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
-      "grpo_reward_design", verdicts=("stable_rank",),
-      why="read on 1-3-token answers, where hidden-state geometry has little room to carry quality"),
+      "grpo_reward_design", verdicts=("stable_rank",), undetectable=True,
+      why="read on 1-3-token answers, where hidden-state geometry has little room to carry quality; the reward alone "
+      "collapsed the policy there (-0.564), which says not to use it alone on such a task, not that the paper's "
+      "free-text claim fails"),
     R("reward_function", "arithmetic_exact_match", "the testbeds' verifier", reference=True),
     R("reward_function", "majority_vote", "label-free RL with the group's majority answer raises accuracy (TTRL)",
       "grpo_methods", verdicts=("majority_vote",)),
@@ -260,6 +264,8 @@ def evaluate(row: Row) -> dict:
         best = next(v for v in found if v["verdict"] == verdict)
         # the controls of the phenomenon the verdict is read on (each phenomenon's own are in `detail`)
         control = best["control_passed"] and (best["detection"] is None or best["detection"]["ci_high"] < 0)
+        if row.undetectable and verdict == "not replicated":
+            verdict, control = "inconclusive", None
         effect, ci_low, ci_high = _interval(best["effect"])
         detail = {k: {"verdict": v["verdict"], "effect": v["effect"]["mean"], "ci_low": v["effect"]["ci_low"],
                       "ci_high": v["effect"]["ci_high"]} for k, v in zip(row.verdicts, found, strict=True)}

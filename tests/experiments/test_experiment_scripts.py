@@ -124,8 +124,8 @@ def test_stability_guard_spike_quick_designs(quick_runs, design):
 
 
 def test_every_experiment_script_has_a_quick_run():
-    """A new script joins `SCRIPTS` (or has its own quick test, as the two below): an experiment nobody runs in CI
-    stops working unnoticed."""
+    """A new script joins `SCRIPTS` (or has its own quick test, as the three in `own_tests`): an experiment nobody
+    runs in CI stops working unnoticed."""
     # test_stability_guard_spike_quick_designs; tests/experiments/test_tinytofu_benchmark.py and test_rl_testbed.py
     own_tests = {"stability_guard_spike", "tinytofu", "grpo_rl_control"}
     not_experiments = {"_harness", "evidence"}
