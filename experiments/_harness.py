@@ -6,8 +6,8 @@ criteria, its plot and its Markdown body) and calls `run(experiment)`. The harne
 * parses `--quick` (tiny sizes, first seed only; its pass/fail means nothing), `--seeds`, `--out` (alias
   `--output_dir`), `--no_cache` and the script's own `size_flags` (each overrides one field of the sizes);
 * runs each seed through `run_seed(seed, sizes)`, caching the per-seed JSON under `experiments/cache/<name>/` keyed
-  by the script's source, the `hf_stable` library sources (`NOT_IN_DIGEST` leaves out the CLI layer), the sizes and
-  the seed, so a code change reruns it;
+  by the script's source, the `hf_stable` library sources it loads (`library_sources`), the sizes and the seed, so a
+  code change reruns it;
 * writes `<out>/<name>.json` with the shared schema (`SCHEMA_KEYS`), `<out>/<name>.png` and `<out>/<name>.md`.
 
 Result schema (every committed `experiments/results/*.json`, tested by `tests/experiments/test_results_schema.py`):
@@ -20,6 +20,7 @@ Result schema (every committed `experiments/results/*.json`, tested by `tests/ex
     git_commit str   `git rev-parse HEAD` of the code that ran (read at the start), with `+dirty` when the tree had
                      changes
     code_digest str  the digest the seed cache is keyed by; `stale_results()` compares it with today's code
+    library_files list  the `hf_stable` files the invocation that wrote it loaded (optional: older results lack it)
     config     dict  seeds, quick, sizes and the script's own settings
     command    str   the command that reproduces the file
 """
@@ -200,10 +201,44 @@ def git_commit() -> str:
 NOT_IN_DIGEST = ("hf_stable/cli/", "hf_stable/scripts/")
 
 
-def library_sources() -> list[Path]:
-    """The `hf_stable` source files an experiment can depend on: all but `NOT_IN_DIGEST`."""
+# script -> the `hf_stable` sources its `--quick` runs load, written by `python experiments/_deps.py` (which runs them
+# in a copy of the repository with no cache) and checked by every quick run in tests/experiments: a run that loads a
+# library file its entry lacks fails there.
+DEPS = ROOT / "library_deps.json"
+
+
+def _script_key(script: str) -> str | None:
+    path = Path(script).resolve()
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else None
+
+
+def library_sources(script: str | None = None) -> list[Path]:
+    """The `hf_stable` source files `script`'s results depend on: those its `DEPS` entry lists; for `script=None`,
+    or a script without an entry, every source but `NOT_IN_DIGEST` (all an experiment could load).
+
+    Why not always all of them: then a change to, say, the merge engine marks every RL result stale, and rerunning
+    them all costs CPU-hours. The entry comes from the quick run, which runs the same arms as the full run at smaller
+    sizes; a full run with an arm that loads more must list it (`_deps.py` reruns the quick runs)."""
     files = sorted((REPO / "hf_stable").rglob("*.py"))
-    return [f for f in files if not f.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST)]
+    everything = [f for f in files if not f.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST)]
+    key = _script_key(script) if script else None
+    deps = json.loads(DEPS.read_text()) if DEPS.is_file() else {}
+    if key not in deps:
+        return everything
+    return [REPO / name for name in deps[key]]
+
+
+def loaded_library_files() -> list[str]:
+    """The `hf_stable` source files this process has imported (repository-relative, `NOT_IN_DIGEST` left out)."""
+    files = set()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.partition(".")[0] != "hf_stable" or not path:
+            continue
+        path = Path(path).resolve()
+        if path.is_relative_to(REPO) and not path.relative_to(REPO).as_posix().startswith(NOT_IN_DIGEST):
+            files.add(path.relative_to(REPO).as_posix())
+    return sorted(files)
 
 
 TESTBEDS = ROOT / "testbeds"
@@ -239,13 +274,14 @@ def sibling_sources(script: str) -> list[Path]:
 
 def _sources_digest(script: str) -> str:
     """Digest of the code a per-seed record depends on: the script, the experiment scripts and testbeds it imports
-    and the `hf_stable` library sources.
+    and the `hf_stable` library sources it loads (`library_sources(script)`; their names too, so a file that joins or
+    leaves the list changes it).
 
     This file is left out on purpose: it only stores and aggregates records, so a change to its writers must not
     throw away hours of cached seeds.
     """
     h = hashlib.sha1()
-    files = [Path(script), *sibling_sources(script), *testbed_sources(script), *library_sources()]
+    files = [Path(script), *sibling_sources(script), *testbed_sources(script), *library_sources(script)]
     for path in files:
         if path.is_file():
             h.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
@@ -437,7 +473,8 @@ def run(exp: Experiment, argv: list[str] | None = None, parents: tuple[argparse.
         "wall_s": time.time() - start + cached_compute,
         "invocation_s": time.time() - start,
         "git_commit": commit,
-        "code_digest": digest,  # sha1 of the script and every hf_stable source: `stale_results()` compares it
+        "code_digest": digest,  # sha1 of the script and the hf_stable sources it loads: `stale_results()` compares it
+        "library_files": loaded_library_files(),  # what this invocation loaded (cached seeds load nothing)
         "title": exp.title,
         "config": {"seeds": seeds, "quick": cli.quick, "sizes": sizes, **exp.config},
         "command": command_line(exp, cli),

@@ -37,6 +37,14 @@ SCRIPTS = [
 
 
 SPIKE_DESIGNS = ("v1", "v2")
+DEPS = json.loads(open(os.path.join(ROOT, "experiments", "library_deps.json")).read())
+
+
+def _loads_only_its_deps(script: str, data: dict) -> None:
+    """The results' code digest covers only the library files in the script's `library_deps.json` entry, so a run
+    that loads another one would leave its results fresh when that file changes."""
+    extra = set(data["library_files"]) - set(DEPS[f"experiments/{script}.py"])
+    assert not extra, f"{script} loads {sorted(extra)}, not in experiments/library_deps.json: run experiments/_deps.py"
 ONE_SEED = {"grpo_smollm2"}
 
 
@@ -79,6 +87,7 @@ def test_quick_run_writes_results(quick_runs, name):
     assert data["per_seed"] and data["config"]["quick"] is True
     assert {"claim", "criteria", "passed", "aggregate", "wall_s", "git_commit"} <= set(data)
     assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+    _loads_only_its_deps(name, data)
     assert "PASS" in (tmp_path / f"{name}.md").read_text() or "FAIL" in (tmp_path / f"{name}.md").read_text()
 
 
@@ -116,10 +125,12 @@ def test_stability_guard_spike_quick_designs(quick_runs, design):
         assert "clip" not in record and list(data["criteria"]) == ["A1", "A2", "A3"]
         assert data["config"]["lr_blowup_factor"] == 1000.0
         assert data["command"].endswith("experiments/stability_guard_spike.py --design v2 --quick")
+    _loads_only_its_deps("stability_guard_spike", data)
     nan_step = record["guard"]["nan_step"]
     assert nan_step["unguarded"]["nan_weights"] is True and nan_step["guarded"]["nan_weights"] is False
     assert [d[2] for d in nan_step["guarded"]["decisions"]][:1] == ["skip"]
     assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+    _loads_only_its_deps(name, data)
     assert "(A1)" in (tmp_path / f"{name}.md").read_text()
 
 

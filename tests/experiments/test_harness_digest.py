@@ -3,6 +3,7 @@ it. These checks read the sources (an import inside a function counts too)."""
 
 import ast
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -120,3 +121,63 @@ def test_digest_follows_what_an_imported_script_imports(tmp_path, monkeypatch):
     before = _harness._sources_digest(str(top))
     (tmp_path / "testbeds" / "bed.py").write_text("X = 2\n")
     assert _harness._sources_digest(str(top)) != before
+
+
+def _toy_repo(tmp_path, monkeypatch, deps: dict | None):
+    """A repository with two library files and one script; `deps`, when given, is its `library_deps.json`."""
+    monkeypatch.setattr(_harness, "REPO", tmp_path)
+    monkeypatch.setattr(_harness, "ROOT", tmp_path / "experiments")
+    monkeypatch.setattr(_harness, "DEPS", tmp_path / "experiments" / "library_deps.json")
+    (tmp_path / "hf_stable" / "merging").mkdir(parents=True)
+    (tmp_path / "hf_stable" / "losses.py").write_text("a = 1\n")
+    (tmp_path / "hf_stable" / "merging" / "engine.py").write_text("b = 1\n")
+    (tmp_path / "experiments").mkdir()
+    script = tmp_path / "experiments" / "toy.py"
+    script.write_text("from hf_stable import losses\n")
+    if deps is not None:
+        _harness.DEPS.write_text(json.dumps(deps))
+    return script
+
+
+def test_digest_follows_the_library_files_a_script_loads(tmp_path, monkeypatch):
+    """With a `library_deps.json` entry, a change to a library file the script loads makes its results stale, a
+    change to one it does not load leaves them fresh, and a file joining its entry changes the digest too."""
+    script = _toy_repo(tmp_path, monkeypatch, {"experiments/toy.py": ["hf_stable/losses.py"]})
+    assert _harness.library_sources(str(script)) == [tmp_path / "hf_stable" / "losses.py"]
+    before = _harness._sources_digest(str(script))
+    (tmp_path / "hf_stable" / "merging" / "engine.py").write_text("b = 2\n")
+    assert _harness._sources_digest(str(script)) == before
+    (tmp_path / "hf_stable" / "losses.py").write_text("a = 2\n")
+    changed = _harness._sources_digest(str(script))
+    assert changed != before
+    both = ["hf_stable/losses.py", "hf_stable/merging/engine.py"]
+    _harness.DEPS.write_text(json.dumps({"experiments/toy.py": both}))
+    assert _harness._sources_digest(str(script)) != changed
+
+
+def test_a_script_without_an_entry_follows_every_library_file(tmp_path, monkeypatch):
+    """The control: no entry (a new script, or no `library_deps.json`) means every library file counts."""
+    script = _toy_repo(tmp_path, monkeypatch, {"experiments/other.py": []})
+    assert len(_harness.library_sources(str(script))) == 2
+    before = _harness._sources_digest(str(script))
+    (tmp_path / "hf_stable" / "merging" / "engine.py").write_text("b = 2\n")
+    assert _harness._sources_digest(str(script)) != before
+
+
+def test_loaded_library_files_lists_what_this_process_imported():
+    import hf_stable.merging.rng  # noqa: F401
+
+    files = _harness.loaded_library_files()
+    assert "hf_stable/merging/rng.py" in files and "hf_stable/__init__.py" in files
+    assert not any(f.startswith(("hf_stable/cli/", "hf_stable/scripts/")) for f in files)
+
+
+def test_every_committed_result_has_a_deps_entry():
+    """Every result's script is in `library_deps.json`, and every listed file exists (`python experiments/_deps.py`
+    rewrites it); the quick runs in test_experiment_scripts.py check that no run loads a file its entry lacks."""
+    deps = json.loads(_harness.DEPS.read_text())
+    scripts = set()
+    for path in _harness.RESULTS.glob("*.json"):
+        scripts.update(re.findall(r"experiments/\w+\.py", json.loads(path.read_text()).get("command", "")))
+    assert scripts and scripts <= set(deps), sorted(scripts - set(deps))
+    assert all((REPO / f).is_file() for files in deps.values() for f in files)
