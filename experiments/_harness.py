@@ -28,6 +28,7 @@ Result schema (every committed `experiments/results/*.json`, tested by `tests/ex
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import json
@@ -244,12 +245,38 @@ def loaded_library_files() -> list[str]:
 TESTBEDS = ROOT / "testbeds"
 
 
+def _testbed_imports(path: Path) -> set[Path]:
+    """The testbed modules `path` imports (`from testbeds import rl`, `from testbeds.rl import X`, `import
+    testbeds.rl`, and inside a testbed `from .rl import X`), at module level or in a function."""
+    found = set()
+    inside = path.parent == TESTBEDS
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = "testbeds" + (f".{node.module}" if node.module else "") if node.level and inside else node.module
+            names = [module or "", *(f"{module}.{a.name}" for a in node.names)]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "testbeds":
+                found.update(f for f in [TESTBEDS / "__init__.py"] if f.is_file())
+                if len(parts) > 1 and (TESTBEDS / f"{parts[1]}.py").is_file():
+                    found.add(TESTBEDS / f"{parts[1]}.py")
+    return found
+
+
 def testbed_sources(script: str) -> list[Path]:
-    """The shared testbeds' sources (`experiments/testbeds/`) when `script`, or an experiment script it imports,
-    imports them, else none (so a testbed change leaves the results of scripts that do not use it fresh)."""
-    pattern = re.compile(r"^\s*(from|import)\s+testbeds\b", re.MULTILINE)
-    uses = any(p.is_file() and pattern.search(p.read_text()) for p in (Path(script), *sibling_sources(script)))
-    return sorted(TESTBEDS.rglob("*.py")) if uses else []
+    """The testbed modules (`experiments/testbeds/`) that `script`, or an experiment script it imports, imports, with
+    the testbed modules those import and the package's `__init__`; none for a script that uses no testbed. So a
+    change to one testbed, or a new one, leaves the results of scripts that do not use it fresh."""
+    todo = [p for p in (Path(script), *sibling_sources(script)) if p.is_file()]
+    seen: set[Path] = set()
+    while todo:
+        for found in _testbed_imports(todo.pop()) - seen:
+            seen.add(found)
+            todo.append(found)
+    return sorted(seen)
 
 
 def _imported_siblings(path: Path) -> set[Path]:

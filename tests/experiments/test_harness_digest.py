@@ -181,3 +181,25 @@ def test_every_committed_result_has_a_deps_entry():
         scripts.update(re.findall(r"experiments/\w+\.py", json.loads(path.read_text()).get("command", "")))
     assert scripts and scripts <= set(deps), sorted(scripts - set(deps))
     assert all((REPO / f).is_file() for files in deps.values() for f in files)
+
+
+def test_digest_follows_only_the_testbeds_a_script_uses(tmp_path, monkeypatch):
+    """A new testbed, or a change to one the script does not import, leaves its digest alone; the testbed it imports
+    (here through a relative import inside the testbeds) and the package's `__init__` count."""
+    monkeypatch.setattr(_harness, "ROOT", tmp_path)
+    monkeypatch.setattr(_harness, "TESTBEDS", tmp_path / "testbeds")
+    beds = tmp_path / "testbeds"
+    beds.mkdir()
+    (beds / "__init__.py").write_text("")
+    (beds / "recipe.py").write_text("from .core import X\n")
+    (beds / "core.py").write_text("X = 1\n")
+    (beds / "other.py").write_text("Y = 1\n")
+    script = tmp_path / "exp.py"
+    script.write_text("def f():\n    from testbeds.recipe import X\n")
+    assert _harness.testbed_sources(str(script)) == [beds / "__init__.py", beds / "core.py", beds / "recipe.py"]
+    before = _harness._sources_digest(str(script))
+    (beds / "other.py").write_text("Y = 2\n")
+    (beds / "new.py").write_text("Z = 1\n")
+    assert _harness._sources_digest(str(script)) == before
+    (beds / "core.py").write_text("X = 2\n")
+    assert _harness._sources_digest(str(script)) != before
