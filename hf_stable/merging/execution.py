@@ -52,7 +52,6 @@ class _State:
     ties: list | None = None
     stats: dict[str, Any] | None = None
     checked: bool = False
-    direct: torch.Tensor | None = None
 
 
 def jobs(plan: MergePlan):
@@ -141,10 +140,10 @@ class Execution:
             xs = [x if x.dtype == cdt else x.to(cdt) for x in xs]
         n = xs[0].numel()
         offset = a * tp.row_numel
-        if tp.direct:  # the earlier passes only filled the cache
+        if tp.direct:  # no passes: the whole tensor (or whole rows) at the combine
             if job.phase == "combine":
                 out = slot.out[: n * _itemsize(tp.out_dtype)].view(torch_dtype(tp.out_dtype))
-                self._combine_direct(tp, state, xs, n, out, offset, (a, b))
+                self._combine_direct(tp, state, xs, n, out, (a, b))
                 slot.pending = (tp.name, a, out.reshape((b - a, *tp.shape[1:])) if tp.shape else out.reshape(()))
         elif job.phase == "gram":
             self._gram_chunk(tp, state, xs, n, (a, b))
@@ -330,18 +329,11 @@ class Execution:
                 self._accumulate_stats(tp, state, xs, s, m, merged)
             out[s : s + m].copy_(merged)
 
-    def _combine_direct(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
-        """mergekit's own arithmetic (`mergekit_merge`) on the whole tensor: the one chunk, or the raw cache
-        (computed once, at the first combine chunk; every chunk writes its part); or, per-row forms, each chunk's
-        rows."""
-        if len(tp.chunks) == 1:
-            part = self._direct(tp, xs, tp.shape)
-        elif not tp.cached:  # whole rows: mergekit's per-row reductions see the same rows
-            part = self._direct(tp, xs, (rows[1] - rows[0], *tp.shape[1:]))
-        else:
-            if state.direct is None:
-                state.direct = self._direct(tp, self._cached_inputs(tp), tp.shape)
-            part = state.direct[offset : offset + n]
+    def _combine_direct(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows) -> None:
+        """mergekit's own arithmetic (`mergekit_merge`) on the tensor's one chunk, or, for a per-row form, on each
+        chunk's whole rows (mergekit's per-row reductions see the same rows)."""
+        shape = tp.shape if len(tp.chunks) == 1 else (rows[1] - rows[0], *tp.shape[1:])
+        part = self._direct(tp, xs, shape)
         if self.diagnose:
             self._accumulate_stats(tp, state, xs, 0, n, part.float())
         out.copy_(part)
@@ -360,14 +352,6 @@ class Execution:
         merged = tp.method.mergekit_merge(ts, base, tp.weights, tp.params).reshape(-1)
         self._check_output(tp, merged, None)
         return merged
-
-    def _cached_inputs(self, tp: TensorPlan) -> list[torch.Tensor]:
-        """Every source of a cached tensor, whole and flat, from the raw cache."""
-        views = []
-        for s, off in zip(tp.sources, self.cache_offsets[tp.name], strict=True):
-            info = self.plan.checkpoints[s.label].tensors[s.name]
-            views.append(self.cache[off : off + info.nbytes].view(torch_dtype(info.dtype)))
-        return views
 
     def _combine_elementwise(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
         cdt = _cdt(tp)

@@ -424,8 +424,9 @@ def _apply_buffers(plan: MergePlan, plans: list[TensorPlan], checkpoints, budget
         if t.direct and len(t.chunks) == 1:
             t.passes = ()  # one chunk holds the whole tensor: one read
         t.cached = bool(t.passes) and len(t.chunks) > 0 and src_bytes <= cache
-        # the whole tensor in one chunk or in the cache; or whole rows, for a per-row form without passes
-        t.direct = t.direct and (len(t.chunks) == 1 or t.cached or (t.row_local and not t.passes))
+        # the whole tensor in one chunk, or whole rows for a per-row form without passes: mergekit's operations
+        # allocate a few copies of their inputs, so a bigger tensor (even a cached one) streams through its passes
+        t.direct = t.direct and (len(t.chunks) == 1 or (t.row_local and not t.passes))
         if t.cached:
             biggest = max(biggest, src_bytes)
         t.read_bytes = src_bytes if (t.cached or not t.passes) else src_bytes * (1 + len(t.passes))

@@ -45,8 +45,8 @@ class TensorPlan:
         ranks: per model the ranks whose k-th largest score the method needs (elementwise), or None.
         row_len: elements of a logical row (row-local methods see whole rows; a vector is one row).
         chunks: row ranges; `cached`: the inputs stay resident across passes (read once).
-        direct: the method's `mergekit_merge` runs on the whole tensor at the combine (mergekit's own arithmetic;
-            only where the tensor is one chunk or cached, and never with `fp32_arithmetic`).
+        direct: the method's `mergekit_merge` runs at the combine (mergekit's own arithmetic): on the whole tensor
+            when it is one chunk, on each chunk's rows for a per-row form; never with `fp32_arithmetic`.
         read_bytes, write_bytes: planned I/O for this tensor.
     """
 
