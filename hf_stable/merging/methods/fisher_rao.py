@@ -241,7 +241,7 @@ def karcher_mergekit(xs: list[torch.Tensor], *, max_iter: int, tol: float) -> to
 
 
 class KarcherMethod(FisherRaoMethod):
-    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).
+    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; uniform weights, as mergekit).
 
     mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
     `tol` 1e-5) and its uniform weights (a recipe's per-model weights are ignored with a warning, as mergekit
