@@ -140,7 +140,12 @@ class Execution:
             xs = [x if x.dtype == cdt else x.to(cdt) for x in xs]
         n = xs[0].numel()
         offset = a * tp.row_numel
-        if job.phase == "gram":
+        if tp.direct:  # no passes: the whole tensor (or whole rows) at the combine
+            if job.phase == "combine":
+                out = slot.out[: n * _itemsize(tp.out_dtype)].view(torch_dtype(tp.out_dtype))
+                self._combine_direct(tp, state, xs, n, out, (a, b))
+                slot.pending = (tp.name, a, out.reshape((b - a, *tp.shape[1:])) if tp.shape else out.reshape(()))
+        elif job.phase == "gram":
             self._gram_chunk(tp, state, xs, n, (a, b))
         elif job.phase == "combine":
             out = slot.out[: n * _itemsize(tp.out_dtype)].view(torch_dtype(tp.out_dtype))
@@ -151,7 +156,7 @@ class Execution:
             slot.pending = (tp.name, a, out.reshape((b - a, *tp.shape[1:])) if tp.shape else out.reshape(()))
         else:
             self._stats_chunk(tp, state, job.phase, xs, n, offset, (a, b))
-        if job.last:
+        if job.last and not tp.direct:
             self._end_phase(tp, state, job.phase)
         if job.final:
             if state.stats is not None:
@@ -323,6 +328,30 @@ class Execution:
             if self.diagnose:
                 self._accumulate_stats(tp, state, xs, s, m, merged)
             out[s : s + m].copy_(merged)
+
+    def _combine_direct(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows) -> None:
+        """mergekit's own arithmetic (`mergekit_merge`) on the tensor's one chunk, or, for a per-row form, on each
+        chunk's whole rows (mergekit's per-row reductions see the same rows)."""
+        shape = tp.shape if len(tp.chunks) == 1 else (rows[1] - rows[0], *tp.shape[1:])
+        part = self._direct(tp, xs, shape)
+        if self.diagnose:
+            self._accumulate_stats(tp, state, xs, 0, n, part.float())
+        out.copy_(part)
+
+    def _direct(self, tp, inputs, shape) -> torch.Tensor:
+        """`(numel,)` the method's `mergekit_merge` of `inputs` (flat, stored dtype; the base last for task vectors)
+        in the compute dtype, checked for non-finite inputs and outputs."""
+        cdt = torch_dtype(tp.compute_dtype)
+        ts = [x.to(cdt).reshape(shape) for x in inputs]
+        if not all(self._finite(t) for t in ts):
+            self._find_culprit(tp, None)
+        if tp.space == "task_vector":
+            base = ts.pop()
+        else:  # an endpoint method's base end (slerp's t = 0, one more input of karcher), when the recipe has one
+            base = ts.pop(0) if self.plan.base is not None and tp.method.base_is_input(tp.params) else None
+        merged = tp.method.mergekit_merge(ts, base, tp.weights, tp.params).reshape(-1)
+        self._check_output(tp, merged, None)
+        return merged
 
     def _combine_elementwise(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
         cdt = _cdt(tp)

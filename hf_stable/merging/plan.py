@@ -231,6 +231,8 @@ def build_plan(
             params=params, weights=weights, sources=sources, row_numel=info.row_numel,
             compute_dtype=compute_dtype_of(config, [checkpoints[s.label].tensors[s.name].dtype for s in sources]),
         )  # fmt: skip
+        # mergekit's whole-tensor arithmetic where the method has it (decided per tensor in `_apply_buffers`)
+        tp.direct = action == "merge" and not config.fp32_arithmetic and bool(m.mergekit_direct(params))
         if getattr(m, "float32_result", False) and not config.out_dtype and tp.compute_dtype in ("F16", "BF16"):
             tp.out_dtype = "F32"  # mergekit writes the method's float32 result (arcee_fusion)
         if kind == "gram":
@@ -419,7 +421,12 @@ def _apply_buffers(plan: MergePlan, plans: list[TensorPlan], checkpoints, budget
         t.chunks = _chunk_rows(checkpoints[t.sources[0].label].tensors[t.sources[0].name].n_rows, t.row_numel,
                                t.row_len if t.row_local else t.row_numel, e)  # fmt: skip
         t.write_bytes = t.numel * DTYPE_ITEMSIZE[t.out_dtype]
+        if t.direct and len(t.chunks) == 1:
+            t.passes = ()  # one chunk holds the whole tensor: one read
         t.cached = bool(t.passes) and len(t.chunks) > 0 and src_bytes <= cache
+        # the whole tensor in one chunk, or whole rows for a per-row form without passes: mergekit's operations
+        # allocate a few copies of their inputs, so a bigger tensor (even a cached one) streams through its passes
+        t.direct = t.direct and (len(t.chunks) == 1 or (t.row_local and not t.passes))
         if t.cached:
             biggest = max(biggest, src_bytes)
         t.read_bytes = src_bytes if (t.cached or not t.passes) else src_bytes * (1 + len(t.passes))

@@ -45,6 +45,8 @@ class TensorPlan:
         ranks: per model the ranks whose k-th largest score the method needs (elementwise), or None.
         row_len: elements of a logical row (row-local methods see whole rows; a vector is one row).
         chunks: row ranges; `cached`: the inputs stay resident across passes (read once).
+        direct: the method's `mergekit_merge` runs at the combine (mergekit's own arithmetic): on the whole tensor
+            when it is one chunk, on each chunk's rows for a per-row form; never with `fp32_arithmetic`.
         read_bytes, write_bytes: planned I/O for this tensor.
     """
 
@@ -71,6 +73,7 @@ class TensorPlan:
     write_bytes: int = 0
     source_bytes: int = 0
     compute_dtype: str = "F32"
+    direct: bool = False
 
     @property
     def numel(self) -> int:
@@ -105,6 +108,7 @@ class TensorPlan:
             "passes": list(self.passes),
             "chunks": len(self.chunks),
             "cached": self.cached,
+            "direct": self.direct,
             "read_bytes": self.read_bytes,
             "write_bytes": self.write_bytes,
         }

@@ -148,12 +148,13 @@ def test_buffers_do_not_grow_with_the_budget(pico_models, tmp_path):
 )
 def test_chunk_and_piece_sizes_do_not_change_a_bit(pico_models, tmp_path, monkeypatch, method, params, base):
     """Bitwise tiling invariance: chunks and combine pieces of 64, 1000 elements or the default give the same bytes;
-    the fp64 Gram is summed in fixed blocks whatever the chunking."""
+    the fp64 Gram is summed in fixed blocks whatever the chunking. (`fp32_arithmetic`: the streaming path; by default
+    karcher, multislerp and slerp run mergekit's whole-tensor arithmetic on a tensor of one chunk.)"""
     import hf_stable.merging.plan as plan_mod
 
     experts = pico_models["experts"][:1] if method == "slerp" else pico_models["experts"]
     kw = {"base_model": pico_models["base"]} if base else {}
-    cfg = MergeConfig.build(method, experts, parameters=params, **kw)
+    cfg = MergeConfig.build(method, experts, parameters=params, fp32_arithmetic=True, **kw)
     outs = []
     for i, size in enumerate((None, 1000, 64)):
         if size is not None:

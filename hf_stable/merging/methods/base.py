@@ -86,6 +86,31 @@ class MergeMethod:
     # with a warning instead of refused.
     ignores_weight: ClassVar[bool] = False
 
+    def mergekit_direct(self, params: Mapping[str, Any]) -> bool:
+        """Whether `mergekit_merge` reproduces mergekit 0.1.5's arithmetic for these parameters (the engine then uses
+        it on whole tensors, unless `fp32_arithmetic`); False: the streaming path is mergekit's to the last bit."""
+        return False
+
+    def mergekit_merge(
+        self, xs: list[torch.Tensor], base: torch.Tensor | None, weights: list[float] | None, params: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """One whole tensor merged with mergekit 0.1.5's own operations, in its order and in its dtypes.
+
+        Args:
+            xs: the inputs other than the base, each with the tensor's shape, in the compute dtype (the recipe's
+                `dtype`: mergekit casts every input to it when it loads it).
+            base: the base model's tensor when the recipe has one and the method reads it (task vectors: the method
+                subtracts it and adds it back itself; `base_is_input`: the method's base end or one more input),
+                same shape and dtype; else None.
+            weights: per-model weights, or None.
+            params: resolved parameters.
+
+        Returns:
+            The merged tensor with the inputs' shape, in the dtype mergekit's method returns (the engine rounds it
+            once to the output dtype, as mergekit does when it writes).
+        """
+        raise NotImplementedError
+
     def __init__(self, name: str | None = None):
         self.name = name or self.default_name
 

@@ -122,6 +122,48 @@ def multislerp_coefficients(
     return (w * r).sum() * a / m_norm
 
 
+def multislerp_mergekit(
+    xs: list[torch.Tensor], base: torch.Tensor | None, weights, *, normalize_weights: bool, eps: float
+) -> torch.Tensor:
+    """mergekit 0.1.5's Multi-SLERP arithmetic (`merge_methods/multislerp.py`, followed step by step, not copied) in
+    the inputs' dtype: the weights, norms, unit vectors, tangent step and norm restoration are all in that dtype.
+
+    Args:
+        xs: N tensors of one shape and dtype; `base`: the origin (task vectors) or None; `weights`: N floats.
+
+    Returns:
+        The merged tensor (shape and dtype of `xs[0]`).
+    """
+    if len(xs) == 1:
+        return xs[0]
+    v = torch.stack(xs)
+    if base is not None:
+        v = v - base
+    flat = v.view(len(xs), -1)
+    w = torch.tensor(list(weights), dtype=v.dtype)
+    if normalize_weights:
+        w = w / w.sum()
+    r = torch.norm(flat, dim=-1, keepdim=True)
+    units = flat / (r + eps)
+    mean = (units * w.view(-1, 1)).sum(0)
+    mean_norm = torch.norm(mean)
+    if mean_norm < eps:
+        if len(xs) != 2:
+            raise ValueError(
+                "multislerp: the weighted sum of the unit inputs is zero (antipodal inputs with balancing weights); "
+                "use different weights."
+            )
+        out = (v[0] * w[0] + v[1] * w[1]).view(v.shape[1:])  # two inputs: their weighted sum
+    else:
+        mean = mean / mean_norm
+        tangents = units - (units * mean).sum(-1, keepdim=True) * mean
+        step = (tangents * w.view(-1, 1)).sum(0)
+        length = torch.norm(step) + eps
+        out = mean * torch.cos(length) + step * (torch.sin(length) / length)
+        out = (out * (r.squeeze(-1) * w).sum()).view(v.shape[1:])
+    return out if base is None else out + base
+
+
 @merge_method(
     "multislerp",
     "Goddard 2025, Multi-SLERP (blog post; no paper)",
@@ -144,9 +186,62 @@ class MultiSlerpMethod(GramMethod):
         p = self.resolve(params)
         return multislerp_coefficients(gram, weights, normalize_weights=bool(p["normalize_weights"]), eps=p["eps"])
 
+    def mergekit_direct(self, params) -> bool:
+        return True
+
+    def mergekit_merge(self, xs, base, weights, params):
+        p = self.resolve(params)
+        w = weights if weights is not None else [1.0] * len(xs)
+        return multislerp_mergekit(xs, base, w, normalize_weights=bool(p["normalize_weights"]), eps=float(p["eps"]))
+
+
+def karcher_mergekit(xs: list[torch.Tensor], *, max_iter: int, tol: float) -> torch.Tensor:
+    """mergekit 0.1.5's `karcher` arithmetic (`merge_methods/karcher.py::karcher_merge_tensors` with α = 1/N, followed
+    step by step, not copied): norms in float32 (float64 for float64 inputs), the unit vectors, the mean and the
+    tangent steps in the inputs' dtype, the stopping tests on those values.
+
+    Args:
+        xs: N tensors of one shape and dtype. `max_iter`, `tol`: mergekit's iteration cap and tolerance.
+
+    Returns:
+        `(Σ α_i ‖x_i‖) · mean direction`, shape and dtype of `xs[0]`.
+    """
+    if len(xs) == 1:
+        return xs[0]
+    wide = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
+    alphas = [1.0 / len(xs)] * len(xs)
+    norms = [torch.linalg.vector_norm(x.to(wide)) for x in xs]
+    units = [torch.zeros_like(x) if r.item() == 0.0 else (x / r).to(x.dtype) for x, r in zip(xs, norms, strict=True)]
+    keep = [i for i, r in enumerate(norms) if r.item() > tol]
+    if not keep:
+        return sum(x * 0 for x in xs)
+    total = sum(alphas[i] for i in keep)
+    pairs = [(alphas[i] / total, units[i]) for i in keep]
+    mean = torch.zeros_like(pairs[0][1])
+    for a, u in pairs:
+        mean += a * u
+    r = torch.linalg.vector_norm(mean.to(wide))
+    mean = pairs[0][1].clone() if r.item() < tol else (mean / r).to(mean.dtype)
+    for _ in range(max_iter):
+        step = torch.zeros_like(mean)
+        for a, u in pairs:
+            cos = torch.clamp(torch.dot(mean.flatten(), u.flatten()), -1.0, 1.0)
+            angle = torch.arccos(cos)
+            if angle.item() < tol:
+                continue
+            step += a * (angle / torch.sin(angle)) * (u - cos * mean)
+        length = torch.linalg.vector_norm(step.to(wide))
+        if length.item() < tol:
+            break
+        mean = (torch.cos(length) * mean + torch.sin(length) * (step / length)).to(mean.dtype)
+        r = torch.linalg.vector_norm(mean.to(wide))
+        if r.item() > tol:
+            mean = (mean / r).to(mean.dtype)
+    return sum(a * r for a, r in zip(alphas, norms, strict=True)) * mean
+
 
 class KarcherMethod(FisherRaoMethod):
-    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; weights honoured).
+    """fisher_rao under mergekit's name and iteration defaults (max_iter 10, tol 1e-5; uniform weights, as mergekit).
 
     mergekit's name for the Fisher–Rao merge, with mergekit 0.1.5 `karcher`'s iteration defaults (`max_iter` 10,
     `tol` 1e-5) and its uniform weights (a recipe's per-model weights are ignored with a warning, as mergekit
@@ -155,6 +250,17 @@ class KarcherMethod(FisherRaoMethod):
     def coefficients(self, gram, weights, params):
         """mergekit 0.1.5 `karcher_merge_method`: α = 1/N for every input, whatever the recipe's weights."""
         return super().coefficients(gram, torch.ones_like(torch.as_tensor(weights, dtype=torch.float64)), params)
+
+    def mergekit_direct(self, params) -> bool:
+        """mergekit's own method: full weights, the Karcher solver, and the defaults of hf_stable's extra settings."""
+        p = self.resolve(params)
+        extras = {k: p[k] for k in ("space", "solver", "norm", "step", "eps")}
+        return extras == {k: self.param(k).default for k in extras}
+
+    def mergekit_merge(self, xs, base, weights, params):
+        p = self.resolve(params)
+        inputs = [*xs, base] if base is not None else xs  # mergekit's tensor group lists the base after the others
+        return karcher_mergekit(inputs, max_iter=int(p["max_iter"]), tol=float(p["tol"]))
 
     def base_is_input(self, params) -> bool:
         """mergekit 0.1.5's `karcher` averages every entry of its tensor group, the base model's included: a base

@@ -32,6 +32,38 @@ def model_stock_coefficients(gram: torch.Tensor) -> torch.Tensor:
     return (t / n).unsqueeze(-1).expand(*t.shape, n)
 
 
+def model_stock_mergekit(xs: list[torch.Tensor], base: torch.Tensor, *, filter_wise: bool) -> torch.Tensor:
+    """mergekit 0.1.5's Model Stock arithmetic (`merge_methods/model_stock.py`, followed step by step, not copied) in
+    the inputs' dtype: task vectors, pairwise cosines, `t`, the mean of the fine-tunes and the interpolation are all
+    rounded to it as mergekit's are.
+
+    Args:
+        xs: N ≥ 2 fine-tuned tensors; `base`: the base tensor (same shape and dtype); `filter_wise`: one angle per
+            row (a vector is one row) instead of per tensor.
+
+    Returns:
+        The merged tensor, shape and dtype of `base`.
+    """
+    shape = base.shape
+    if not filter_wise:
+        base, xs = base.reshape(-1), [x.reshape(-1) for x in xs]
+    elif base.dim() == 1:
+        base, xs = base.unsqueeze(0), [x.unsqueeze(0) for x in xs]
+    taus = [x - base for x in xs]
+    cosines = []
+    for i, a in enumerate(taus):
+        for b in taus[i + 1 :]:
+            denom = torch.norm(a, dim=-1) * torch.norm(b, dim=-1)
+            cosines.append(((a * b).sum(dim=-1) / denom.clamp(min=1e-6)).clamp(-1, 1))
+    cos = torch.stack(cosines).mean(dim=0).unsqueeze(-1)
+    n = len(xs)
+    den = 1 + (n - 1) * cos
+    singular = den.abs() < 1e-6  # no finite estimate: the base is kept
+    t = torch.where(singular, torch.zeros_like(cos), (n * cos) / torch.where(singular, torch.ones_like(den), den))
+    mean = sum(xs) / n
+    return (t * mean + (1 - t) * base).reshape(shape)
+
+
 @merge_method("model_stock", PAPERS["model_stock"])
 class ModelStockMethod(ElementwiseMethod, GramMethod):
     """base + t·mean(τ_i) with t from the mean pairwise angle of the task vectors.
@@ -54,6 +86,12 @@ class ModelStockMethod(ElementwiseMethod, GramMethod):
 
     def coefficients(self, gram, weights, params):
         return model_stock_coefficients(gram)
+
+    def mergekit_direct(self, params) -> bool:
+        return True
+
+    def mergekit_merge(self, xs, base, weights, params):
+        return model_stock_mergekit(xs, base, filter_wise=bool(self.resolve(params)["filter_wise"]))
 
     def combine(self, v, weights, params, *, thresholds=None, sums=None, row_len=None, shape=None, **kw):
         n_models, n = v.shape

@@ -86,6 +86,55 @@ class SlerpMethod(GramMethod):
     def coefficients(self, gram, weights, params):
         return slerp_coefficients(gram, self._t(weights, self.resolve(params)))
 
+    def mergekit_direct(self, params) -> bool:
+        return True
+
+    def mergekit_merge(self, xs, base, weights, params):
+        v0, v1 = (base, xs[0]) if base is not None else xs
+        t = self._t(weights if weights is not None else [1.0, 1.0], self.resolve(params))
+        return slerp_mergekit(t, v0, v1)
+
+
+# mergekit 0.1.5 `slerp` computes its float32 norms and dots over column blocks of this many elements
+_MERGEKIT_BLOCK = 1024 * 1024
+
+
+def slerp_mergekit(t: float, v0: torch.Tensor, v1: torch.Tensor, *, dot_threshold: float = 0.9995) -> torch.Tensor:
+    """mergekit 0.1.5's SLERP arithmetic (`merge_methods/slerp.py::slerp` for one tensor, followed step by step, not
+    copied): float32 (float64 for float64 inputs) norms and dot accumulated over column blocks, the inputs divided by
+    their norms before the dot, the coefficients applied to the raw inputs, the result in the inputs' dtype.
+
+    Args:
+        t: position from `v0` (0) to `v1` (1). `v0`, `v1`: one shape and dtype.
+
+    Returns:
+        The interpolated tensor, shape and dtype of `v0`.
+    """
+    wide = torch.float64 if v0.dtype == torch.float64 else torch.float32
+    a, b = v0.reshape(1, -1), v1.reshape(1, -1)
+    tt = torch.tensor([t], dtype=wide).reshape(-1, 1)
+    if not a.shape[1]:
+        return ((1 - tt) * a + tt * b).reshape(v0.shape).to(v0.dtype)
+    blocks = [slice(s, s + _MERGEKIT_BLOCK) for s in range(0, a.shape[1], _MERGEKIT_BLOCK)]
+
+    def norm(x):  # the norm of the blocks' norms
+        parts = [torch.linalg.vector_norm(x[:, k].to(wide), dim=1, keepdim=True) for k in blocks]
+        r = torch.linalg.vector_norm(torch.stack(parts), dim=0)
+        return torch.where(r > 1e-8, r, 1)
+
+    ra, rb = norm(a), norm(b)
+    cos = torch.stack([(a[:, k].to(wide) / ra * (b[:, k].to(wide) / rb)).sum(dim=1, keepdim=True) for k in blocks])
+    cos = cos.sum(dim=0).clamp(-1, 1)
+    straight = cos.abs() > dot_threshold
+    angle = torch.acos(torch.where(straight, 0, cos))
+    sin = torch.sin(angle)
+    ca = torch.where(straight, 1 - tt, torch.sin((1 - tt) * angle) / sin)
+    cb = torch.where(straight, tt, torch.sin(tt * angle) / sin)
+    out = torch.empty_like(a)
+    for k in blocks:
+        out[:, k] = ca * a[:, k].to(wide) + cb * b[:, k].to(wide)
+    return out.reshape(v0.shape)
+
 
 def nuslerp_coefficients(gram: torch.Tensor, t: float) -> torch.Tensor:
     """`(..., 2)` float64 NuSLERP coefficients of the RAW vectors from `(..., 2, 2)` Gram matrices.
@@ -104,6 +153,35 @@ def nuslerp_coefficients(gram: torch.Tensor, t: float) -> torch.Tensor:
     c0 = torch.where(colinear, torch.full_like(cos, 1 - t), torch.sin((1 - t) * theta) / safe)
     c1 = torch.where(colinear, torch.full_like(cos, t), torch.sin(t * theta) / safe)
     return torch.stack([c0, c1], dim=-1)
+
+
+def nuslerp_mergekit(t: float, v0: torch.Tensor, v1: torch.Tensor, *, flatten: bool, columns: bool) -> torch.Tensor:
+    """mergekit 0.1.5's NuSLERP arithmetic (`merge_methods/nuslerp.py::nuslerp`, followed operation by operation, not
+    copied), in the inputs' dtype: every intermediate is rounded to it as mergekit's are.
+
+    Args:
+        t: interpolation position.
+        v0, v1: same shape and dtype; one angle over the whole tensor (`flatten`), else per vector along the last
+            dimension, or along the first one (`columns`).
+
+    Returns:
+        The interpolated tensor, shape and dtype of `v0`.
+    """
+    shape = v0.shape
+    if flatten:
+        v0, v1 = v0.reshape(-1), v1.reshape(-1)
+    elif columns:
+        v0, v1 = v0.transpose(0, -1), v1.transpose(0, -1)
+    u0 = v0 / torch.norm(v0, dim=-1, keepdim=True).clamp(min=1e-7)
+    u1 = v1 / torch.norm(v1, dim=-1, keepdim=True).clamp(min=1e-7)
+    cos = torch.sum(u0 * u1, dim=-1, keepdim=True).clamp(-1, 1)
+    straight = (1 - cos.square()) <= 1e-16  # mergekit: eps² with eps = 1e-8
+    angle = torch.acos(torch.where(straight, 0, cos))
+    curved = (torch.sin((1 - t) * angle) * v0 + torch.sin(t * angle) * v1) / torch.sin(angle)
+    out = torch.where(straight, (1 - t) * v0 + t * v1, curved)
+    if columns and not flatten:
+        out = out.transpose(0, -1)
+    return out.reshape(shape)
 
 
 @merge_method("nuslerp", "NuSLERP (mergekit; no paper)", url=MERGEKIT_METHODS_URL)
@@ -145,6 +223,18 @@ class NuSlerpMethod(ElementwiseMethod, GramMethod):
 
     def _t(self, weights) -> float:
         return _t_from_weights(weights, cancel_tol=1e-6)
+
+    def mergekit_direct(self, params) -> bool:
+        return True
+
+    def mergekit_merge(self, xs, base, weights, params):
+        """mergekit 0.1.5 `nuslerp_merge_method`: task vectors subtracted and the base added back in the dtype."""
+        p = self.resolve(params)
+        t = self._t(weights if weights is not None else [1.0, 1.0])
+        kw = {"flatten": bool(p["nuslerp_flatten"]), "columns": bool(p["nuslerp_row_wise"])}
+        if base is None:
+            return nuslerp_mergekit(t, xs[0], xs[1], **kw)
+        return base + nuslerp_mergekit(t, xs[0] - base, xs[1] - base, **kw)
 
     def coefficients(self, gram, weights, params):
         return nuslerp_coefficients(gram, self._t(weights))
