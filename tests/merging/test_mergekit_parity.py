@@ -48,6 +48,8 @@ RANDOM = {"dare_linear", "dare_ties", "della", "della_linear"} | {r for r in BAS
 # Recipes whose output is not yet bitwise mergekit's, and why (measured; the docs table shows by how much).
 _ROUNDINGS = "mergekit rounds its intermediate tensors to the 16-bit dtype; hf_stable computes them in float32"
 _FP32 = "float32 rounding: hf_stable's coefficients come from the float64 Gram matrix, mergekit's from float32 norms"
+_NORMALIZE = "float32 rounding: mergekit divides Σ wᵢxᵢ by Σ w (here 3); hf_stable multiplies each xᵢ by wᵢ / Σ w"
+UNION = sorted(r for r in RECIPES if r.startswith("union-"))  # tokenizer_source: union over differing vocabularies
 # Recipes whose output is not yet bitwise mergekit's: (why, bound). The bound is what `test_not_bitwise_bounds`
 # holds them to: ("eps", b) → max |Δ| ≤ b · eps(dtype) · max |mergekit's tensor| per tensor; ("frac", f) → at most a
 # fraction f of the elements differ.
@@ -64,6 +66,8 @@ NOT_BITWISE: dict[str, tuple[str, tuple[str, float]]] = {
     "nuslerp_rows_base": (_ROUNDINGS, ("eps", 2)),
     "nuslerp_flatten_and_row_wise": (_FP32, ("eps", 3)),
     "slerp_weight_and_t": (_FP32, ("eps", 2)),
+    "union-linear": (_NORMALIZE, ("eps", 2)),
+    "union-slerp": (_FP32, ("eps", 2)),
     **{r: (_ROUNDINGS, ("eps", 2)) for r in BASIC if any(m in r for m in ("-karcher", "-model_stock", "-multislerp",
                                                                          "-nuslerp"))},
 }
@@ -376,3 +380,74 @@ def test_della_epsilon_beyond_density_is_refused_as_in_mergekit(folders, tmp_pat
     with pytest.raises(ValueError, match="epsilon"):
         merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", UNION)
+def test_union_tokenizer_is_mergekits(name, folders, tmp_path):
+    """`tokenizer_source: union` over differing vocabularies (mergekit's tests/test_tokenizer.py cases and two more):
+    the output tokenizer has mergekit's tokens in mergekit's ids, its added tokens, and config.json's vocab_size is
+    the union's; tokens past a model's vocab_size (`tok_padded`) are left out."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    expected = json.loads((PARITY / "fixtures" / f"{name}.tokenizer.json").read_text())
+    recipe = prepare_recipe(_recipe(name), folders)
+    merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    vocab = tok.get_vocab()
+    assert sorted(vocab, key=vocab.get) == expected["tokens"]
+    added = [{"id": i, "content": t.content, "special": t.special}
+             for i, t in sorted(tok.added_tokens_decoder.items())]  # fmt: skip
+    assert added == expected["added"]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == expected["vocab_size"]
+    assert not any(t.startswith("<UNUSED_") for t in vocab)
+    shapes = {k: v.shape[0] for k, v in _fixture(name).items() if k in ("model.embed_tokens.weight", "lm_head.weight")}
+    assert shapes == dict.fromkeys(shapes, len(expected["tokens"]))
+
+
+def test_union_rows_are_mergekits(folders):
+    """The rows each model brings to the union-vocabulary linear merge (mergekit's `test_source_union`) are the ones
+    mergekit merged: mergekit's own arithmetic on them (Σ wᵢxᵢ / Σ w) gives its output bitwise. The chat tokens only
+    `tok_chatml` has take its rows in the two other models; left unfilled (zeros) there, the sum is not mergekit's."""
+    from hf_stable.merging.plan import open_checkpoint
+    from hf_stable.merging.vocab import build_vocabulary
+
+    recipe = prepare_recipe(_recipe("union-linear"), folders)
+    vocab = build_vocabulary(MergeConfig.from_dict(recipe))
+    theirs = _fixture("union-linear")
+    models = [m["model"] for m in recipe["models"]]
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = []
+        for path in models:
+            ckpt = vocab.align(path, open_checkpoint(path, path, False))
+            info = ckpt.tensors[name]
+            rows.append(info.buffer.view(torch.float32).view(info.shape))
+        assert torch.equal(torch.stack(rows).sum(0) / 3, theirs[name]), name
+        chat = [vocab.tokens[t] for t in ("<|im_start|>", "<|im_end|>")]
+        assert all(torch.equal(r[chat], rows[2][chat]) for r in rows)
+        wrong = [r.clone() for r in rows]
+        for r in wrong[:2]:
+            r[chat] = 0.0
+        assert not torch.equal(torch.stack(wrong).sum(0) / 3, theirs[name])
+
+
+def test_union_refused_where_mergekit_fails(folders, tmp_path):
+    """Where mergekit 0.1.5 fails on `tokenizer_source: union` (checked in its venv: a `KeyError` when a union token
+    sits past a model's vocab_size in that model's tokenizer; a `ValueError` when the base's tokenizer cannot be
+    loaded), hf_stable raises `ValueError` naming the cause, before any output folder exists."""
+    import shutil
+
+    from mergekit_models import BASE_TOKENS, write_tokenizer
+
+    other = tmp_path / "unused-first"  # `<UNUSED_0>` is a real token here, and past tok_padded's vocab_size there
+    shutil.copytree(folders["tok_chatml"], other)
+    write_tokenizer(other, BASE_TOKENS, ["<UNUSED_0>", "<|im_end|>"])
+    recipe = {"merge_method": "linear", "base_model": folders["tok_base"],
+              "models": [str(other), folders["tok_padded"]], "tokenizer_source": "union"}  # fmt: skip
+    with pytest.raises(ValueError, match=r"'<UNUSED_0>'.*past its vocab_size 16"):
+        merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
+    recipe = {"merge_method": "linear", "models": [folders["orca"], folders["base"]], "tokenizer_source": "union"}
+    with pytest.raises(ValueError, match=r"tokenizer of .* cannot be loaded"):
+        merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
