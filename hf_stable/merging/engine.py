@@ -150,7 +150,7 @@ def merge(
     if not dry_run:
         check_output_folder(out, overwrite)
 
-    vocabulary = build_vocabulary(config)  # tokenizer_source: union (tokenizers and configs only)
+    vocabulary = build_vocabulary(config)  # a tokenizer_source: the output vocabulary (tokenizers and configs only)
     if vocabulary is not None:
         vocabulary.allow_pickle = allow_pickle
     plan = build_plan(config, budget, allow_pickle=allow_pickle, diagnose=diagnose, vocabulary=vocabulary)

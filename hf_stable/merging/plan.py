@@ -125,7 +125,7 @@ def build_plan(
     vocabulary=None,
 ) -> MergePlan:
     """Plan a merge from headers (no tensor data read). Raises `ValueError` for every recipe/model problem.
-    `vocabulary` (`vocab.Vocabulary`, `tokenizer_source: union`) aligns each checkpoint's vocabulary tensors."""
+    `vocabulary` (`vocab.Vocabulary`, from `tokenizer_source`) aligns each checkpoint's vocabulary tensors."""
     from .methods import get_merge_method
     from .methods.base import gather_params
 

@@ -1,20 +1,22 @@
-"""`tokenizer_source: union`: the union vocabulary and each model's vocabulary rows moved into it, as mergekit 0.1.5
-does it (behaviour followed: `tokenizer/build.py` `get_stripped_tokenizer`, `build_union_tokenizer`,
+"""`tokenizer_source`: the output vocabulary and each model's vocabulary rows moved into it, as mergekit 0.1.5 does it
+(behaviour followed: `tokenizer/build.py` `get_stripped_tokenizer`, `build_union_tokenizer`,
 `build_tokenizer`; `tokenizer/embed.py` `PermutedVocabulary`; `plan.py`, which sends every tensor with a vocabulary
 axis through it before the merge method; `merge.py` `_update_config_vocab`).
 
-The output tokenizer: the base model's (the first model's without `base_model`), stripped of the tokens at ids
-`≥ vocab_size` of its `config.json`; then, model by model (the base first, then the recipe's models in order), every
+The output tokenizer: with `base`, the base model's (the first model's without `base_model`), stripped of the tokens
+at ids `≥ vocab_size` of its `config.json`; with a model, that model's; with `union`, the stripped base tokenizer
+and then, model by model (the base first, then the recipe's models in order), every
 token below that model's `vocab_size` that the tokenizer lacks is added (`add_tokens`), plain tokens first, then the
 models' added tokens with their settings (the first model's settings win).
 
 Each input tensor with a vocabulary axis (`VOCAB_TENSORS`, axis 0: the input embedding and `lm_head`) becomes a
-`(V, ...)` tensor over the union's `V` tokens: a token the model has keeps its row; a token some model lacks gets,
+`(V, ...)` tensor over the output's `V` tokens: a token the model has keeps its row; a token some model lacks gets,
 in the models that lack it, the row of its only holder, else the base's row when the base is among the tensor's
 models and has it, else the mean of the holders' rows (summed in model order and divided, in the tensor's
 arithmetic dtype), else zeros. Rows of the model past the tokenizer's tokens (padding) are dropped. The merge method
 then runs on these tensors as on any others, so every method merges them as mergekit does. The tensor's models are
 the recipe's models and the base (`models:`), or the sources of the first slice (embedding) or the last (`lm_head`).
+When every model already has the output vocabulary, row for row, the tensors are read as they are.
 
 The arithmetic dtype is mergekit's: inputs are cast to the recipe's `dtype` when they are read, else promoted to
 their common dtype; with `fp32_arithmetic: true` the rows are filled in float32 and rounded once to the inputs'
@@ -23,8 +25,10 @@ common dtype. The aligned tensors are held in memory for the merge (outside `mem
 Where mergekit orders by an unordered set (its non-base models when it builds the union, and the model whose
 tokenizer is the base when there is no `base_model`), this follows the recipe's order: the same union whenever the
 models' added tokens come in compatible orders. mergekit fails, and so does this (`ValueError`, before anything is
-written), when the base's tokenizer cannot be loaded, when stripping needs a tokenizer that is not a fast BPE one,
-and when a union token sits past a model's `vocab_size` in that model's tokenizer.
+written), when an output token sits past a model's `vocab_size` in that model's tokenizer, and, with `union`, when
+the base's tokenizer cannot be loaded or stripping needs a tokenizer that is not a fast BPE one (with `base` or a
+model, the tokenizer files are then copied as they are, as before). A tied output embedding missing from some
+models only is refused (not implemented).
 """
 
 from __future__ import annotations
@@ -76,13 +80,13 @@ def _stripped(tok, size: int, label: str):
     import tokenizers
 
     if not tok.is_fast:
-        raise ValueError(f"tokenizer_source: union: model {label!r} lists tokens past its vocab_size ({size}) and "
-                         "has no fast tokenizer to strip them from (mergekit 0.1.5 refuses it too)")  # fmt: skip
+        raise ValueError(f"model {label!r} lists tokens past its vocab_size ({size}) and has no fast tokenizer to "
+                         "strip them from (mergekit 0.1.5 refuses it too)")  # fmt: skip
     data = json.loads(tok._tokenizer.to_str())
     if data["model"]["type"] != "BPE":
         raise ValueError(
-            f"tokenizer_source: union: model {label!r} lists tokens past its vocab_size ({size}) in a "
-            f"{data['model']['type']} tokenizer; only BPE tokenizers can be stripped (as in mergekit 0.1.5)"
+            f"model {label!r} lists tokens past its vocab_size ({size}) in a {data['model']['type']} tokenizer; only "
+            "BPE tokenizers can be stripped (as in mergekit 0.1.5)"
         )
     data["added_tokens"] = [e for e in data["added_tokens"] if e["id"] < size]
     data["model"]["vocab"] = {t: i for t, i in data["model"]["vocab"].items() if t not in unused}
@@ -125,7 +129,7 @@ def _union(base_tok, tokenizers: list[tuple[Any, int]]):
 
 @dataclasses.dataclass
 class Vocabulary:
-    """The union tokenizer of a recipe and how each model's vocabulary rows move into it.
+    """The output tokenizer of a recipe and how each model's vocabulary rows move into it.
 
     Attributes:
         tokenizer: the output tokenizer (transformers).
@@ -191,7 +195,7 @@ class Vocabulary:
         lacking = [p for p in paths if name not in ckpts[p].tensors]
         if lacking:
             raise ValueError(
-                f"tokenizer_source: union: tensor {name!r} is missing from {lacking} (tied embeddings) but present "
+                f"tokenizer_source: tensor {name!r} is missing from {lacking} (tied embeddings) but present "
                 "in other models of the recipe; aligning a tied output embedding is not supported"
             )
         V = self.size
@@ -286,10 +290,14 @@ def fill_rows(xs: dict, permutations: dict[str, list[int]], base: str | None) ->
 
 
 def build_vocabulary(config) -> Vocabulary | None:
-    """The recipe's union vocabulary (`tokenizer_source: union`), or None for any other source. Raises `ValueError`
-    where mergekit 0.1.5 fails (see the module docstring); reads tokenizers and configs only."""
-    if config.tokenizer_source != "union":
+    """The recipe's output vocabulary when it names a `tokenizer_source` (None without one), reading tokenizers and
+    configs only: the union (`union`), the stripped base tokenizer (`base`), or a model's tokenizer. `ValueError`
+    where mergekit 0.1.5 fails (see the module docstring); for `base` or a model, a tokenizer that cannot be loaded
+    or stripped gives None (the tokenizer files are copied and the vocabularies must already agree)."""
+    source = config.tokenizer_source
+    if source is None:
         return None
+    where = f"tokenizer_source: {source}"
     refs = [config.base_model] if config.base_model is not None else []
     refs += list(config.models)
     paths, labels = [], {}
@@ -299,22 +307,29 @@ def build_vocabulary(config) -> Vocabulary | None:
             paths.append(path)
             labels[path] = ref.spec
     base_path = paths[0]  # the base, else the first model (mergekit: the first of its set of models)
+    sizes = {p: config_vocab_size(p) for p in paths}
     try:
         base_tok = _load_tokenizer(base_path)
+        tokenizers = {base_path: _stripped(base_tok, sizes[base_path] or len(base_tok.get_vocab()), labels[base_path])}
+        if source not in ("union", "base"):
+            out = _load_tokenizer(_source_path(config, source))
     except (OSError, ValueError) as err:
-        raise ValueError(f"tokenizer_source: union: the tokenizer of {labels[base_path]!r} cannot be loaded "
-                         f"({err}); mergekit 0.1.5 fails on it too") from None  # fmt: skip
-    sizes = {p: config_vocab_size(p) for p in paths}
-    tokenizers = {base_path: _stripped(base_tok, sizes[base_path] or len(base_tok.get_vocab()), labels[base_path])}
+        if source != "union":
+            return None
+        raise ValueError(f"{where}: the tokenizer of {labels[base_path]!r} cannot be loaded or stripped ({err}); "
+                         "mergekit 0.1.5 fails on it too") from None  # fmt: skip
     for p in paths[1:]:
         try:
             tokenizers[p] = _load_tokenizer(p)
         except (OSError, ValueError):  # mergekit: "assuming same as" the base
             continue
-    union = _union(tokenizers[base_path], [(t, sizes[p] or t.vocab_size) for p, t in tokenizers.items()])
-    tokens = union.get_vocab()
+    if source == "union":
+        out = _union(tokenizers[base_path], [(t, sizes[p] or t.vocab_size) for p, t in tokenizers.items()])
+    elif source == "base":
+        out = tokenizers[base_path]
+    tokens = out.get_vocab()
     if sorted(tokens.values()) != list(range(len(tokens))):
-        raise ValueError("tokenizer_source: union: the union tokenizer's ids are not 0 … V−1")
+        raise ValueError(f"{where}: the output tokenizer's ids are not 0 … V−1")
     permutations = {}
     for p in paths:
         vocab = (tokenizers[p] if p in tokenizers else tokenizers[base_path]).get_vocab()
@@ -324,13 +339,22 @@ def build_vocabulary(config) -> Vocabulary | None:
             i = vocab.get(t)
             if i is not None and i >= size:
                 raise ValueError(
-                    f"tokenizer_source: union: token {t!r} of the union is at id {i} in model {labels[p]!r}, past its "
+                    f"{where}: token {t!r} of the output vocabulary is at id {i} in model {labels[p]!r}, past its "
                     f"vocab_size {size} (mergekit 0.1.5 fails on it too)"
                 )
             perm[j] = -1 if i is None else i
         permutations[p] = perm
-    return Vocabulary(union, tokens, permutations, _participants(config), paths[0] if config.base_model else None,
+    return Vocabulary(out, tokens, permutations, _participants(config), paths[0] if config.base_model else None,
                       _dtype_name(config), bool(config.fp32_arithmetic), bool(config.allow_pickle))  # fmt: skip
+
+
+def _source_path(config, source: str) -> str:
+    """The folder of `tokenizer_source: <model>`: a model of the recipe (by its name), else a path or Hub id."""
+    refs = ([config.base_model] if config.base_model is not None else []) + list(config.models)
+    for ref in refs:
+        if source in (ref.spec, ref.model):
+            return resolve_model_path(ref.model, ref.revision)
+    return resolve_model_path(source)
 
 
 def _participants(config) -> dict[str, list[str]]:

@@ -49,7 +49,8 @@ RANDOM = {"dare_linear", "dare_ties", "della", "della_linear"} | {r for r in BAS
 _ROUNDINGS = "mergekit rounds its intermediate tensors to the 16-bit dtype; hf_stable computes them in float32"
 _FP32 = "float32 rounding: hf_stable's coefficients come from the float64 Gram matrix, mergekit's from float32 norms"
 _NORMALIZE = "float32 rounding: mergekit divides Σ wᵢxᵢ by Σ w (here 3); hf_stable multiplies each xᵢ by wᵢ / Σ w"
-UNION = sorted(r for r in RECIPES if r.startswith("union-"))  # tokenizer_source: union over differing vocabularies
+# tokenizer_source (`union`, `base`, a model) over differing vocabularies: fixtures keep mergekit's tokenizer too
+TOKENIZED = sorted(r for r in RECIPES if r.startswith(("union-", "source-")))
 # Recipes whose output is not yet bitwise mergekit's: (why, bound). The bound is what `test_not_bitwise_bounds`
 # holds them to: ("eps", b) → max |Δ| ≤ b · eps(dtype) · max |mergekit's tensor| per tensor; ("frac", f) → at most a
 # fraction f of the elements differ.
@@ -153,6 +154,8 @@ def _names(recipe: dict) -> set[str]:
         names.add(m["model"] if isinstance(m, dict) else m)
     for sl in recipe.get("slices") or []:
         names |= {s["model"] for s in sl["sources"]}
+    if recipe.get("tokenizer_source") not in (None, "base", "union"):
+        names.add(recipe["tokenizer_source"])
     return names
 
 
@@ -382,11 +385,12 @@ def test_della_epsilon_beyond_density_is_refused_as_in_mergekit(folders, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", UNION)
-def test_union_tokenizer_is_mergekits(name, folders, tmp_path):
-    """`tokenizer_source: union` over differing vocabularies (mergekit's tests/test_tokenizer.py cases and two more):
-    the output tokenizer has mergekit's tokens in mergekit's ids, its added tokens, and config.json's vocab_size is
-    the union's; tokens past a model's vocab_size (`tok_padded`) are left out."""
+@pytest.mark.parametrize("name", TOKENIZED)
+def test_output_tokenizer_is_mergekits(name, folders, tmp_path):
+    """`tokenizer_source` over differing vocabularies (mergekit's tests/test_tokenizer.py cases `test_source_union`,
+    `test_slerp_union`, `test_source_base`, `test_source_model`, and two more unions): the output tokenizer has
+    mergekit's tokens in mergekit's ids, its added tokens, and config.json's vocab_size is the output's; tokens past
+    a model's vocab_size (`tok_padded`) are left out. (The weights: `test_bitwise_equal_to_mergekit`.)"""
     import json
 
     from transformers import AutoTokenizer

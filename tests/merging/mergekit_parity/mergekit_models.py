@@ -198,4 +198,6 @@ def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
         recipe["models"] = [local(m) for m in recipe["models"]]
     for sl in recipe.get("slices") or []:
         sl["sources"] = [local(s) for s in sl["sources"]]
+    if recipe.get("tokenizer_source") not in (None, "base", "union"):
+        recipe["tokenizer_source"] = folders[recipe["tokenizer_source"]]
     return recipe
