@@ -24,8 +24,9 @@ hf_stable extensions (top-level keys): `seed`, `memory_budget`, `max_shard_size`
 `filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`),
 `weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `fp32_arithmetic`
 (float32 arithmetic whatever `dtype` says: not mergekit's numbers), `name`. Unsupported
-mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` added tokens, `chat_template`,
-and `tokenizer_source: union` over differing vocabularies) are refused with a message saying so.
+mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` added tokens, `chat_template`)
+are refused with a message saying so; `tokenizer_source` (`base`, `union`, a model) aligns the vocabularies as
+mergekit does (`vocab`).
 
 This module imports no torch at import time (`import hf_stable.merging` stays cheap); method names and parameters are
 checked against `hf_stable.merging.methods` when a recipe is built.
@@ -114,7 +115,8 @@ class MergeConfig:
         fp32_arithmetic: compute in float32 (Gram statistics in float64) whatever `dtype` says, rounding once to the
             output dtype: more precise than mergekit and therefore not mergekit's numbers (an hf_stable extension;
             the model card says so).
-        tokenizer_source: `base`, or a model path whose tokenizer files are copied; default base, else first.
+        tokenizer_source: `base`, `union`, or a model of the recipe / a path: the output vocabulary, every model's
+            embedding and `lm_head` rows moved into it (`vocab`); default the base's tokenizer files, else the first's.
         seed: seed of the counter-based RNG of random methods (DARE, DELLA).
         memory_budget: default ceiling on the engine's buffers for `merge()` (`"2GB"`, bytes).
         max_shard_size: output shard size (`"5GB"`, bytes).

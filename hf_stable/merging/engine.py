@@ -40,6 +40,7 @@ from .io.reader import SafetensorsReader
 from .io.writer import OutputSpec, StreamingSafetensorsWriter
 from .plan import MergePlan, build_plan
 from .ring import IOThread
+from .vocab import build_vocabulary
 
 
 DEFAULT_MEMORY_BUDGET = "2GB"
@@ -149,7 +150,10 @@ def merge(
     if not dry_run:
         check_output_folder(out, overwrite)
 
-    plan = build_plan(config, budget, allow_pickle=allow_pickle, diagnose=diagnose)
+    vocabulary = build_vocabulary(config)  # a tokenizer_source: the output vocabulary (tokenizers and configs only)
+    if vocabulary is not None:
+        vocabulary.allow_pickle = allow_pickle
+    plan = build_plan(config, budget, allow_pickle=allow_pickle, diagnose=diagnose, vocabulary=vocabulary)
     input_dirs = {Path(ck.folder).resolve() for ck in plan.checkpoints.values()}
     if out.resolve() in input_dirs:  # overwrite=True would delete an input
         raise ValueError(f"output folder {out} is one of the input models; choose another out_dir")
@@ -165,7 +169,7 @@ def merge(
             return MergeResult(None, {}, timings, 0, 0, 0, plan, config)
         with _steady_allocator():
             ex = Execution(config, plan, readers, out, overwrite, diagnose, progress, timings)
-            result = _run(ex, hub_model_id, before_publish)
+            result = _run(ex, hub_model_id, before_publish, vocabulary)
     finally:
         for r in readers.values():
             r.close()
@@ -201,7 +205,7 @@ def _merge_data_driven(config: MergeConfig | dict, out: Path, *, hub_model_id, b
     return fw_merge_from_config(recipe, out, write_card=write_card, **kwargs)
 
 
-def _run(ex: Execution, hub_model_id, before_publish) -> MergeResult:
+def _run(ex: Execution, hub_model_id, before_publish, vocabulary=None) -> MergeResult:
     """Drive `ex` through the ring into `OUT.tmp`, add the side files, recipe and card, then publish `OUT`."""
     plan, out = ex.plan, ex.out
     tmp = out.with_name(out.name + ".tmp")
@@ -225,7 +229,7 @@ def _run(ex: Execution, hub_model_id, before_publish) -> MergeResult:
         io.finish()
         t0 = time.perf_counter()
         writer.finalize()
-        copy_side_files(ex.config, plan, tmp)
+        copy_side_files(ex.config, plan, tmp, vocabulary)
         (tmp / RECIPE_FILE).write_text(ex.config.to_yaml(redact=True), encoding="utf-8")
         ex.timings.update(read=round(io.read_s, 6), write=round(io.write_s, 6), compute=round(ex.compute_s, 6))
         result = MergeResult(str(out), ex.stats, ex.timings, io.read_bytes, writer.bytes_written,

@@ -122,8 +122,10 @@ def build_plan(
     allow_pickle: bool = False,
     diagnose: bool = False,
     max_shard_size: int | None = None,
+    vocabulary=None,
 ) -> MergePlan:
-    """Plan a merge from headers (no tensor data read). Raises `ValueError` for every recipe/model problem."""
+    """Plan a merge from headers (no tensor data read). Raises `ValueError` for every recipe/model problem.
+    `vocabulary` (`vocab.Vocabulary`, from `tokenizer_source`) aligns each checkpoint's vocabulary tensors."""
     from .methods import get_merge_method
     from .methods.base import gather_params
 
@@ -139,6 +141,8 @@ def build_plan(
         if label not in checkpoints:
             paths[label] = resolve_model_path(ref.model, ref.revision)
             checkpoints[label] = open_checkpoint(paths[label], label, allow_pickle)
+            if vocabulary is not None:
+                checkpoints[label] = vocabulary.align(paths[label], checkpoints[label])
 
     base_label = config.base_model.spec if has_base else None
     outs: list[_Out] = []

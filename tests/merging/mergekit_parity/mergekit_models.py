@@ -5,6 +5,11 @@ Two families: 40-layer models standing for the 13B models of mergekit's example 
 40 layers), 4-layer ones for the 7B examples and the method recipes. Weights are
 float32 draws (no ties in |τ|, so magnitude thresholds and mergekit's argsort keep the same entries); each
 fine-tune is its base plus a 30% relative perturbation per tensor.
+
+A third family carries tokenizers with differing vocabularies (`VOCAB_FOLDERS`), for `tokenizer_source: union`,
+written as plain JSON (`tokenizer.json`, `tokenizer_config.json`): a base vocabulary of 16 tokens, models that add
+tokens (with embedding and `lm_head` rows for them), one that lacks two base tokens (its ids shift), and one whose
+tokenizer lists tokens past its `vocab_size` (unused, as in padded tokenizers).
 """
 
 from __future__ import annotations
@@ -51,6 +56,18 @@ NAMES = {
 # bfloat16 copies of three 4-layer checkpoints (the same weights rounded once), for recipes over bf16 inputs.
 BF16_FOLDERS = {"model_a_bf16": "wizardmath", "model_b_bf16": "mistral-instruct", "model_c_bf16": "biomistral"}
 NAMES.update({name: name for name in BF16_FOLDERS})
+
+# Checkpoints with a tokenizer: (weights of FOLDERS[...], base tokens left out, added tokens, rows for added tokens).
+BASE_TOKENS = ["<unk>", "<s>", "</s>"] + [f"_tok_{i}" for i in range(3, VOCAB)]
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>"]
+VOCAB_FOLDERS = {
+    "tok_base": ("base", (), [], 0),
+    "tok_chatml": ("orca", (), CHAT_TOKENS, 2),
+    "tok_chatml2": ("wizardmath", (), CHAT_TOKENS, 2),
+    "tok_tools": ("wizardlm", ("_tok_5", "_tok_9"), [*CHAT_TOKENS, "<|tool|>"], 3),
+    "tok_padded": ("platypus", (), [f"<UNUSED_{i}>" for i in range(4)], 0),  # added tokens past vocab_size
+}
+NAMES.update({name: name for name in VOCAB_FOLDERS})
 
 
 def config(layers: int) -> dict:
@@ -120,7 +137,47 @@ def build(root: str | Path) -> dict[str, str]:
             tensors = {k: v.to(torch.bfloat16) for k, v in weights(layers, seed).items()}
             save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
             (path / "config.json").write_text(json.dumps({**config(layers), "torch_dtype": "bfloat16"}, indent=1))
+    for folder, spec in VOCAB_FOLDERS.items():
+        path = root / folder
+        if not (path / "model.safetensors").exists():
+            _build_vocab_model(path, *spec)
     return {name: str(root / folder) for name, folder in NAMES.items()}
+
+
+def _build_vocab_model(path: Path, source: str, left_out, added: list[str], new_rows: int) -> None:
+    """A 4-layer checkpoint whose vocabulary is the base one without `left_out`, plus `added`: its embedding and
+    `lm_head` rows are `source`'s for the tokens it keeps, then `new_rows` fresh draws."""
+    layers, seed = FOLDERS[source]
+    tensors = weights(layers, seed)
+    keep = torch.tensor([i for i, t in enumerate(BASE_TOKENS) if t not in left_out])
+    gen = torch.Generator().manual_seed(1000 * layers + 100 + seed)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = torch.cat([tensors[name][keep], torch.randn(new_rows, HIDDEN, generator=gen)])
+    rows = len(keep) + new_rows
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({**config(layers), "vocab_size": rows}, indent=1))
+    write_tokenizer(path, [t for t in BASE_TOKENS if t not in left_out], added)
+
+
+def write_tokenizer(path: Path, tokens: list[str], added: list[str]) -> None:
+    """A BPE tokenizer with no merges over `tokens` (ids in order), `<unk>`/`<s>`/`</s>` special, and `added` as
+    normal added tokens after them, as `tokenizer.json` + `tokenizer_config.json` (no transformers needed)."""
+    flags = {"single_word": False, "lstrip": False, "rstrip": False}
+    entries = [{"id": i, "content": t, **flags, "normalized": False, "special": True}
+               for i, t in enumerate(tokens) if t in ("<unk>", "<s>", "</s>")]  # fmt: skip
+    entries += [{"id": len(tokens) + i, "content": t, **flags, "normalized": True, "special": False}
+                for i, t in enumerate(added)]  # fmt: skip
+    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+             "vocab": {t: i for i, t in enumerate(tokens)}, "merges": []}  # fmt: skip
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": entries, "normalizer": None,
+           "pre_tokenizer": None, "post_processor": None, "decoder": None, "model": model}  # fmt: skip
+    (path / "tokenizer.json").write_text(json.dumps(tok, indent=1))
+    decoder = {str(e["id"]): {k: v for k, v in e.items() if k != "id"} for e in entries}
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+           "unk_token": "<unk>", "model_max_length": 64, "added_tokens_decoder": decoder}  # fmt: skip
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
 
 
 def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
@@ -141,4 +198,6 @@ def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
         recipe["models"] = [local(m) for m in recipe["models"]]
     for sl in recipe.get("slices") or []:
         sl["sources"] = [local(s) for s in sl["sources"]]
+    if recipe.get("tokenizer_source") not in (None, "base", "union"):
+        recipe["tokenizer_source"] = folders[recipe["tokenizer_source"]]
     return recipe
