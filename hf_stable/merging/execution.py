@@ -287,6 +287,8 @@ class Execution:
 
     def _combine_gram(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows) -> None:
         cdt = _cdt(tp)
+        if cdt is None and tp.mergekit_order and getattr(tp.method, "rounded_float32", False):
+            cdt = torch.float32  # a float32 recipe: mergekit's order too, where it rounds differently
         if cdt is not None and getattr(tp.method, "rounded", False):
             self._combine_rounded(tp, state, xs, n, out, rows, cdt)
             return

@@ -237,6 +237,7 @@ def build_plan(
         )  # fmt: skip
         # mergekit's whole-tensor arithmetic where the method has it (decided per tensor in `_apply_buffers`)
         tp.direct = action == "merge" and not config.fp32_arithmetic and bool(m.mergekit_direct(params))
+        tp.mergekit_order = not config.fp32_arithmetic
         if getattr(m, "float32_result", False) and not config.out_dtype and tp.compute_dtype in ("F16", "BF16"):
             tp.out_dtype = "F32"  # mergekit writes the method's float32 result (arcee_fusion)
         if kind == "gram":

@@ -47,6 +47,8 @@ class TensorPlan:
         chunks: row ranges; `cached`: the inputs stay resident across passes (read once).
         direct: the method's `mergekit_merge` runs at the combine (mergekit's own arithmetic): on the whole tensor
             when it is one chunk, on each chunk's rows for a per-row form; never with `fp32_arithmetic`.
+        mergekit_order: mergekit's order of operations where a method has one (`rounded_combine`); False with
+            `fp32_arithmetic` (hf_stable's own arithmetic).
         read_bytes, write_bytes: planned I/O for this tensor.
     """
 
@@ -74,6 +76,7 @@ class TensorPlan:
     source_bytes: int = 0
     compute_dtype: str = "F32"
     direct: bool = False
+    mergekit_order: bool = True
 
     @property
     def numel(self) -> int:

@@ -257,6 +257,9 @@ class GramMethod(MergeMethod):
     kind = "gram"
     # Whether `rounded_combine` replaces the coefficient combine when the arithmetic is in a 16-bit dtype.
     rounded: ClassVar[bool] = False
+    # Whether it also replaces it in a float32 recipe (not under `fp32_arithmetic`): where mergekit's float32 order
+    # rounds differently from the coefficient combine (linear: Σ wᵢxᵢ / Σ w, not Σ (wᵢ / Σ w) xᵢ).
+    rounded_float32: ClassVar[bool] = False
 
     def rounded_combine(
         self, v: torch.Tensor, weights: torch.Tensor, params: Mapping[str, Any], cdt: torch.dtype

@@ -42,6 +42,7 @@ class LinearMethod(GramMethod):
     params = (WEIGHT, Field("normalize", True, "Divide by the weight sum.", boolean()))
 
     rounded = True
+    rounded_float32 = True  # with weights not summing to 1, w / Σw rounds: 1 ulp off mergekit's Σ wᵢxᵢ / Σ w
 
     def needs_gram(self, params: Mapping[str, Any]) -> bool:
         return False
@@ -50,9 +51,10 @@ class LinearMethod(GramMethod):
         return linear_coefficients(weights, bool(self.resolve(params)["normalize"]))
 
     def rounded_combine(self, v, weights, params, cdt):
-        """mergekit's order in a 16-bit recipe: the inputs (rounded to `cdt`) summed as `Σ w_i x_i` in float32,
-        input order, each step a fused multiply-add (mergekit's `addcmul_`; emulated in float64, where the product
-        of a 16-bit input and a float32 weight is exact), then divided by the float32 `Σ w_i`; rounded to `cdt`."""
+        """mergekit's order in a 16-bit or float32 recipe: the inputs (rounded to `cdt`) summed as `Σ w_i x_i` in
+        float32, input order, each step a fused multiply-add (mergekit's `addcmul_`; emulated in float64, where the
+        product of a 16-bit or float32 input and a float32 weight is exact), then divided by the float32 `Σ w_i`;
+        rounded to `cdt`."""
         w = torch.as_tensor(weights, dtype=torch.float32).reshape(-1)
         out = torch.zeros_like(v[0])
         for i, c in enumerate(w.tolist()):
