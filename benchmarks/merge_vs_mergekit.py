@@ -11,9 +11,10 @@ Protocol (pre-registered targets of issue 14; no timed assertion anywhere):
   with ‖ε_i‖ = 1% ‖θ0‖ per tensor. Built once in `--workdir` and reused.
 * One mergekit YAML per (method, N), given unchanged to both tools: `linear` (weight 1 each), `task_arithmetic`
   (base θ0, weight 1, λ 1/N), `ties`, `dare_ties` and `della` (base θ0, density 0.5, weight 1), `karcher`
-  (mergekit's defaults on both sides), `model_stock` (base θ0), `slerp` (θ0 and the first copy, t 0.5), with
-  `dtype: float32` (compute) and `out_dtype: bfloat16`. DARE/DELLA masks are random in both tools (different
-  generators): their agreement columns measure the masks' disagreement, not an error.
+  (mergekit's defaults on both sides), `sce` (base θ0, weight 1, select_topk 0.5), `model_stock` (base θ0),
+  `slerp` (θ0 and the first copy, t 0.5), with `dtype: float32` (compute) and `out_dtype: bfloat16`. DARE/DELLA
+  masks are random in both tools (different generators): their agreement columns measure the masks' disagreement,
+  not an error.
 * Each measurement is a fresh process with OMP_NUM_THREADS=MKL_NUM_THREADS=1 and no GPU, timed inside after its
   imports: mergekit's `run_merge` with its CLI defaults (no tokenizer copy) from its own venv (`--mergekit-venv`),
   hf_stable's `merge(..., progress=False)` at the default budget, and the floor: read every input file once
@@ -28,7 +29,7 @@ Protocol (pre-registered targets of issue 14; no timed assertion anywhere):
 * Agreement: max |ours − mergekit| per cell and the fraction of elements more than one bf16 ulp apart.
 
 Targets (issue 14), printed held/missed per row: linear and task_arithmetic time ≤ 0.5× mergekit and ≤ 2× the
-floor; ties ≤ 0.3× mergekit; karcher ≤ 0.4× mergekit; dare_ties, della, model_stock, slerp ≤ 0.6× mergekit
+floor; ties ≤ 0.3× mergekit; karcher ≤ 0.4× mergekit; dare_ties, della, sce, model_stock, slerp ≤ 0.6× mergekit
 (issue 22); peak RssAnon ≤ baseline + 256 MiB and ≤ 0.5× mergekit's.
 
 Results: `benchmarks/results/<--output-name>.{json,md}`, rewritten after every cell (`complete: false` until the
@@ -61,11 +62,11 @@ SIZES = {  # Llama-architecture dimensions; untied lm_head so both large (vocab 
 }
 VOCAB = 32000
 RELATIVE_NOISE = 0.01
-METHODS = ("linear", "task_arithmetic", "ties", "karcher", "dare_ties", "della", "model_stock", "slerp")
+METHODS = ("linear", "task_arithmetic", "ties", "karcher", "dare_ties", "della", "sce", "model_stock", "slerp")
 # time ≤ this × mergekit's (issue 14's targets; issue 22: 0.6 for the methods it added)
 TARGET_SPEED = {"linear": 0.5, "task_arithmetic": 0.5, "ties": 0.3, "karcher": 0.4, "dare_ties": 0.6, "della": 0.6,
-                "model_stock": 0.6, "slerp": 0.6}  # fmt: skip
-BASED = ("ties", "task_arithmetic", "dare_ties", "della", "model_stock", "slerp")  # recipes with base_model θ0
+                "sce": 0.6, "model_stock": 0.6, "slerp": 0.6}  # fmt: skip
+BASED = ("ties", "task_arithmetic", "dare_ties", "della", "sce", "model_stock", "slerp")  # recipes with base_model θ0
 FLOOR_FACTOR = {"linear": 2.0, "task_arithmetic": 2.0}  # time ≤ this × the read+write floor
 RSS_HEADROOM = 256 * MiB
 MERGEKIT_VERSION = "0.1.5"
@@ -209,7 +210,7 @@ def recipe(method, base, models):
         lines.append(f"  - model: {m}")
         if method in ("ties", "dare_ties", "della"):
             lines.append("    parameters: {weight: 1.0, density: 0.5}")
-        elif method in ("linear", "task_arithmetic"):
+        elif method in ("linear", "task_arithmetic", "sce"):
             lines.append("    parameters: {weight: 1.0}")
     if method == "task_arithmetic":
         lines.append(f"parameters: {{lambda: {1 / len(models)}}}")
@@ -217,6 +218,8 @@ def recipe(method, base, models):
         lines.append("parameters: {normalize: true}")
     if method == "slerp":
         lines.append("parameters: {t: 0.5}")
+    if method == "sce":
+        lines.append("parameters: {select_topk: 0.5}")
     lines += ["dtype: float32", "out_dtype: bfloat16", ""]
     return "\n".join(lines)
 
