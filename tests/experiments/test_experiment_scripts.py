@@ -139,6 +139,6 @@ def test_every_experiment_script_has_a_quick_run():
     runs in CI stops working unnoticed."""
     # test_stability_guard_spike_quick_designs; tests/experiments/test_tinytofu_benchmark.py and test_rl_testbed.py
     own_tests = {"stability_guard_spike", "tinytofu", "grpo_rl_control"}
-    not_experiments = {"_harness", "evidence"}
+    not_experiments = {"_harness", "_deps", "evidence"}
     scripts = {p[:-3] for p in os.listdir(os.path.join(ROOT, "experiments")) if p.endswith(".py")}
     assert scripts - not_experiments - own_tests == set(SCRIPTS)
