@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .. import distributed as dist
 from ..evaluation.map_eval import Scorer, check_pass_at_k_settings, evaluate_pass_at_k
 from ..papers import Paper
 from .wsm import WSMCallback
@@ -136,17 +137,18 @@ class MaPCallback(WSMCallback):
         """The metrics one evaluation logs, on `model` (whose weights are restored afterwards)."""
         prefix = self.metric_prefix
         out: dict[str, float] = {}
+        bare = dist.unwrap_model(model, self._accelerator())  # `generate` lives on the unwrapped model
         if len(self.steps) >= 2:
             merged, _ = self.merged_state()
             with self.swapped_in(model, merged, broadcast=True):
-                scores = self._score(model, tokenizer)
+                scores = self._score(bare, tokenizer)
             out[f"{prefix}/num_checkpoints"] = len(self.steps)
         else:
-            scores = self._score(model, tokenizer)
+            scores = self._score(bare, tokenizer)
             out[f"{prefix}/num_checkpoints"] = 1
         out.update({f"{prefix}/pass@{k}": scores[f"pass@{k}"] for k in self.ks})
         if self.log_unmerged:
-            unmerged = scores if len(self.steps) < 2 else self._score(model, tokenizer)
+            unmerged = scores if len(self.steps) < 2 else self._score(bare, tokenizer)
             out.update({f"{prefix}/unmerged/pass@{k}": unmerged[f"pass@{k}"] for k in self.ks})
         return out
 
