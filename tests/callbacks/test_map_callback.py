@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 from wsm_helpers import Recorder, StopAt, make_trainer, tiny_model
 
 from hf_stable.callbacks.map_eval import MAP_PAPER, MaPCallback
@@ -167,3 +168,24 @@ def test_listed_under_evaluation_with_its_paper():
     out = io.StringIO()
     assert list_methods("evaluation", file=out) == {"evaluation": ["map"]}
     assert "https://arxiv.org/abs/2510.09295" in out.getvalue()
+
+
+def test_disk_window_has_its_own_folder(tmp_path):
+    """With `storage="disk"` the window lives in `output_dir/map_window/` (not WSM's `wsm_window/`), beside a
+    WSMCallback in the same trainer, and the scratch folder is removed at train end."""
+    from hf_stable.callbacks import WSMCallback
+
+    seen = {}
+
+    class Look(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen[state.global_step] = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith("_window"))
+
+    cb = _callback(storage="disk")
+    wsm = WSMCallback(interval_steps=2, num_intervals=2, storage="disk", merge_at=("end",))
+    trainer = make_trainer(tmp_path, [cb, wsm, Look()], **_eval_args())
+    cb.trainer = trainer
+    trainer.train()
+    assert seen[8] == ["map_window", "wsm_window"]
+    assert not (tmp_path / "map_window").exists() and (tmp_path / "wsm-merged").exists()
+    assert _map_logs(trainer)[8]["eval/map/num_checkpoints"] == 3
