@@ -1,12 +1,13 @@
-"""Declarations of the stability detectors, monitors and optimizers that attach to any transformers/TRL trainer, so
-that `hf-stable list` shows them with their papers. Their settings are callback arguments (and, for the optimizers,
-the generated ``stable_spam_*`` config fields of `hf_stable.stability.config`), not registry `Field`s; each entry's
-description names what turns it on."""
+"""Declarations of the stability detectors, monitors, optimizers and evaluation callbacks that attach to any
+transformers/TRL trainer, so that `hf-stable list` shows them with their papers. Their settings are callback arguments
+(and, for the optimizers, the generated ``stable_spam_*`` config fields of `hf_stable.stability.config`), not registry
+`Field`s; each entry's description names what turns it on."""
 
 from __future__ import annotations
 
 from ..papers import PAPERS
 from ..registry import Registry
+from .map_eval import MAP_PAPER, MaPCallback
 from .monitors import RepresentationDriftCallback
 from .stability import StabilityGuardCallback, StableSPAMCallback
 
@@ -49,4 +50,19 @@ STABILITY_OPTIMIZERS.register(
     ),
 )(StableSPAMCallback)
 
-__all__ = ["STABILITY_MONITORS", "STABILITY_OPTIMIZERS"]
+EVALUATION_METHODS = Registry(
+    "evaluation", "evaluation during training (callback arguments) and of a folder of checkpoints (`hf-stable eval`)"
+)
+
+EVALUATION_METHODS.register(
+    "map",
+    paper=MAP_PAPER,
+    description=(
+        "MaPCallback(eval_dataset, num_checkpoints=N, interval_steps=s, ks=(1,), num_samples=n): at every evaluation "
+        "the uniform mean of the last N snapshots (WSM's window, schedule 'uniform') is scored with the unbiased "
+        "pass@k over n sampled answers, logged as eval/map/pass@k; offline: `hf-stable eval FOLDER`. Reconstructed "
+        "from the paper's abstract (uniform mean and Chen et al.'s pass@k estimator are our reading)."
+    ),
+)(MaPCallback)
+
+__all__ = ["EVALUATION_METHODS", "STABILITY_MONITORS", "STABILITY_OPTIMIZERS"]

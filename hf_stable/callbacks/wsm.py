@@ -131,6 +131,10 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
             `hf_stable.merging.hub.push_merged` (main process only).
     """
 
+    # where the window lives in a checkpoint and on disk; a subclass with its own window (MaPCallback) renames them so
+    # that both callbacks can run in one trainer
+    state_dir, state_json, window_dir = STATE_DIR, STATE_JSON, "wsm_window"
+
     def __init__(
         self,
         schedule: str | Callable[[float], float] = "1-sqrt",
@@ -251,7 +255,7 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
         folder = None
         if storage == "disk" and self.holds_window:
             suffix = f"-rank{dist.process_index()}" if self.mode == "sharded" else ""
-            folder = os.path.join(args.output_dir, f"wsm_window{suffix}")
+            folder = os.path.join(args.output_dir, f"{self.window_dir}{suffix}")
         self._store = _WindowStore(folder)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -431,7 +435,7 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
 
     def save_state(self, checkpoint_folder: str, global_step: int) -> None:
         """Writes the window into `checkpoint_folder/wsm_state/` (atomic: temp folder + rename)."""
-        final = os.path.join(checkpoint_folder, STATE_DIR)
+        final = os.path.join(checkpoint_folder, self.state_dir)
         tmp = f"{final}.tmp-{dist.process_index()}"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -452,7 +456,7 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
             "delta_dtype": self.delta_dtype,
             "schedule": self.schedule if isinstance(self.schedule, str) else "callable",
         }
-        with open(os.path.join(tmp, f"{prefix}{STATE_JSON}"), "w", encoding="utf-8") as f:
+        with open(os.path.join(tmp, f"{prefix}{self.state_json}"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
         os.makedirs(final, exist_ok=True)  # sharded: several ranks add their files to one folder
         for name in os.listdir(tmp):
@@ -470,12 +474,12 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
         if self.holds_window:
             prefix = self._file_prefix()
             for folder in self._candidates(args, state):
-                path = os.path.join(folder, STATE_DIR, f"{prefix}{STATE_JSON}")
+                path = os.path.join(folder, self.state_dir, f"{prefix}{self.state_json}")
                 if os.path.isfile(path):
                     with open(path, encoding="utf-8") as f:
                         candidate = json.load(f)
                     if candidate.get("global_step") == state.global_step:
-                        meta, source = candidate, os.path.join(folder, STATE_DIR)
+                        meta, source = candidate, os.path.join(folder, self.state_dir)
                         break
             if meta is not None:
                 if (meta["k"], meta["s"], meta["window_start"]) != (self.k, self.s, self.window_start):
@@ -494,7 +498,7 @@ class WSMCallback(CheckpointFiles, TrainerCallback):
                 self.steps = list(meta["steps"])
             elif self.window_start <= state.global_step:
                 logger.warning(
-                    f"Resuming at step {state.global_step} without a WSM state ({STATE_DIR}/ in the checkpoint): "
+                    f"Resuming at step {state.global_step} without a WSM state ({self.state_dir}/ in the checkpoint): "
                     "the WSM window restarts now and the merge will cover fewer intervals."
                 )
         if self.mode == "replicated":

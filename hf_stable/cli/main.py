@@ -5,6 +5,7 @@ hf-stable sft --config examples/configs/sft_prob.yaml [--accelerate_config ddp|z
 hf-stable grpo --config examples/configs/grpo_sgrpo.yaml
 hf-stable unlearn --config examples/configs/unlearn_simnpo.yaml
 hf-stable merge examples/configs/merge_ties.yaml OUT [--dry-run] [--diagnose] [--push-to-hub REPO]
+hf-stable eval runs/sft --dataset problems.jsonl --num_checkpoints 4 --num_samples 8 --ks 1,4
 hf-stable eval-unlearning --model ./unlearned --benchmark tofu --forget_split forget10 --retain_model ./retain90
 hf-stable demo [--output_dir demo_output] [--stages sft,grpo,merge,unlearn,stability,push] [--quick]
 hf-stable list [--family sft_objective]
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     # everything after the command name, `--help` included.
     sub.add_parser(
         "merge", help="Merge models from a recipe (streaming engine); --help lists every flag", add_help=False
+    )
+    sub.add_parser(
+        "eval", help="MaP: average the last checkpoints of a run, score pass@k (--help for flags)", add_help=False
     )
     sub.add_parser(
         "eval-unlearning", help="open-unlearning's TOFU/MUSE metrics on a model (--help for flags)", add_help=False
@@ -69,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..scripts.merge import main as merge_main
 
         return merge_main(argv[argv.index("merge") + 1 :], prog="hf-stable merge")
+    if args.command == "eval":
+        from ..scripts.map_eval import main as map_main
+
+        return map_main(argv[argv.index("eval") + 1 :], prog="hf-stable eval")
     if args.command == "eval-unlearning":
         from ..scripts.eval_unlearning import main as eval_main
 

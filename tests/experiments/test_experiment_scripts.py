@@ -33,6 +33,7 @@ SCRIPTS = [
     "stability_spam",
     "stability_guard_rl",
     "stability_monitors",
+    "map_eval",
 ]
 
 
