@@ -39,20 +39,33 @@ def dare_keep(n_models: int, densities, tensor_name: str, offset: int, n: int, s
     return [None if d >= 1.0 else rng.keep_mask(seed, i, tensor_name, offset, n, d) for i, d in enumerate(densities)]
 
 
-def della_probabilities(magnitude: torch.Tensor, row_len: int, density: float, epsilon: float) -> torch.Tensor:
-    """`(n,)` float64 keep probabilities of DELLA's magnitude-ranked sampling.
+_SORT_KEY = {8: torch.int64, 4: torch.int32, 2: torch.int16}
+
+
+def della_thresholds(magnitude: torch.Tensor, row_len: int, density: float, epsilon: float) -> torch.Tensor:
+    """`(n,)` int64 keep thresholds of DELLA's magnitude-ranked sampling: an entry is kept when its 32 random bits
+    (`rng.random_bits`) are below its threshold, i.e. when the uniform `bits · 2^-32` is below its keep probability
+    `p = (density − ε) + r · (2ε / (n − 1))` (`r` its 0-based ascending rank in its row, ties broken by position):
+    `u < p ⟺ bits < ⌈p · 2^32⌉`, so the mask is the float64 comparison's, bit for bit.
+
+    Why integers: the ranks come from one stable sort of the magnitudes' bit patterns (non-negative floats order as
+    their integer bit patterns do, and integer sorts are about a third faster), and a per-rank threshold table
+    scattered to the entries replaces an `(n,)` float64 probability and uniform per model: DELLA was the one random
+    method near mergekit's speed.
 
     Args:
-        magnitude: `(n,)` |τ| of whole rows (`n` a multiple of `row_len`).
+        magnitude: `(n,)` |τ| of whole rows (`n` a multiple of `row_len`; float64, float32 or a 16-bit float).
         row_len: entries per row.
         density, epsilon: mean keep probability and its spread (`density ± epsilon` in (0, 1)).
     """
     rows = magnitude.reshape(-1, row_len)
-    order = torch.argsort(rows, dim=1, stable=True)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(row_len, dtype=order.dtype).expand_as(order))  # 0-based ascending
+    order = torch.sort(rows.view(_SORT_KEY[rows.element_size()]), dim=1, stable=True).indices
     scale = 1.0 / (row_len - 1) if row_len > 1 else 0.0
-    return ((density - epsilon) + ranks.to(torch.float64) * scale * 2 * epsilon).reshape(-1)
+    ranks = torch.arange(row_len, dtype=torch.float64)
+    table = torch.ceil(((density - epsilon) + ranks * scale * 2 * epsilon) * 2.0**32).to(torch.int64)
+    thresholds = torch.empty_like(order)
+    thresholds.scatter_(1, order, table.expand_as(order))
+    return thresholds.reshape(-1)
 
 
 class _RandomMethod(GeneralizedTaskArithmetic):
@@ -142,8 +155,8 @@ class _DellaMethod(_RandomMethod):
             if dens[i] >= 1:
                 out.append(None)
                 continue
-            p = della_probabilities(v[i].abs(), row_len or n, dens[i], eps[i])
-            out.append(v[i] * (rng.uniform(seed, i, tensor_name, offset, n) < p))
+            threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
+            out.append(v[i] * (rng.random_bits(seed, i, tensor_name, offset, n) < threshold))
         return out
 
 
