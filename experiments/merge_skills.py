@@ -42,7 +42,7 @@ the merges collide. With half a batch of base-task replay, reverse and swap-halv
 (hidden 64), add-halves 4%, so the skills became sort / increment / complement / double. Across expert LRs 3e-4 to
 3e-3, replay 0.25-0.5 and hidden 64 or 128, every merge of two experts still scored ≤ 8% EM while each expert scored
 96-100% on its own skill: the merged models get some answer digits right, not all four. Scaling one expert's task
-vector by 0.75 already cost 6-66 pp of its EM. That is why `control_merge_can_win` was added before seeds 0-2 ran:
+vector by 0.75 already cost 6-79 pp of its EM. That is why `control_merge_can_win` was added before seeds 0-2 ran:
 the Fisher–Rao claim can only be read if some merge keeps skills on this testbed. Nothing was tuned on seeds 0-2.
 
 Pre-registered criteria (fixed before running seeds 0-2; each effect a paired difference with its 95% t-interval):
