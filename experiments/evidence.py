@@ -170,6 +170,16 @@ ROWS = (
     R("merge_method", "fw_merging", "FW-Merging keeps accuracy as irrelevant experts join", "merge_fw", claim=("a",),
       controls=("b",)),
     R("merge_method", "wsm", "merging constant-LR checkpoints matches a real LR decay", "merge_wsm", claim=("a",)),
+    # the same merging claims on experts fine-tuned from one tiny Llama on different skills (merge_skills)
+    R("merge_method", "fisher_rao (skill experts)", "Fisher-Rao merging beats linear averaging of experts trained "
+      "on different skills", "merge_skills", claim=("a",),
+      controls=("control_merge_can_win", "control_experts_specialise", "control_merge_can_lose")),
+    R("merge_method", "nre (skill experts)", "norm restoration keeps the merged activation scale", "merge_skills",
+      claim=("b_nre",), controls=("c",)),
+    R("merge_method", "nre_unit (skill experts)", "norm restoration keeps the merged activation scale",
+      "merge_skills", claim=("b_nre_unit",), controls=("c",)),
+    R("merge_method", "fw_merging (skill experts)", "FW-Merging keeps the target skills as irrelevant experts join",
+      "merge_skills", claim=("fw",), controls=("fw_control", "control_experts_specialise")),
     # evaluation
     R("evaluation", "map", "merging the last checkpoints and scoring pass@k gives smoother curves and a smaller gap "
       "between runs than one checkpoint's greedy accuracy", "map_eval", claim=("a", "b"), controls=("c", "d"),

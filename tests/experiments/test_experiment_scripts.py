@@ -30,6 +30,7 @@ SCRIPTS = [
     "merge_fw",
     "merge_fisher_rao",
     "merge_wsm",
+    "merge_skills",
     "stability_spam",
     "stability_guard_rl",
     "stability_monitors",
