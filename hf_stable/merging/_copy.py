@@ -3,9 +3,9 @@
 `config.json` and `generation_config.json` come from the reference model (the base, else the first input), as
 mergekit's `run_merge` does; the tokenizer files come from `tokenizer_source` (`base`, a model of the recipe, a
 path), else the base, else the first input. With `union` (`vocab`) the union tokenizer is written, unless it is the
-reference's own vocabulary (then its files are copied), and `config.json`'s `vocab_size` is the union's size
-(mergekit 0.1.5 `merge.py` `_update_config_vocab`). When the output dtype is set by the recipe, `config.json`'s
-dtype field is updated so `from_pretrained(dtype="auto")` loads what was written.
+reference's own vocabulary (then its files are copied), and `config.json`'s `vocab_size` is the union's size,
+rounded up to `pad_to_multiple_of` (mergekit 0.1.5 `merge.py` `_update_config_vocab`). When the output dtype is set
+by the recipe, `config.json`'s dtype field is updated so `from_pretrained(dtype="auto")` loads what was written.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def copy_side_files(config, plan, out: Path, vocabulary=None) -> list[str]:
     ref_folder = Path(ref.folder)
     copied = []
     overrides = dict(plan.config_overrides)
-    if vocabulary is not None and config_vocab_size(ref_folder) != vocabulary.size:
-        overrides["vocab_size"] = vocabulary.size
+    if vocabulary is not None and config_vocab_size(ref_folder) != vocabulary.padded_size:
+        overrides["vocab_size"] = vocabulary.padded_size
     for name in CONFIG_FILES:
         src = ref_folder / name
         if not src.is_file():

@@ -24,9 +24,9 @@ hf_stable extensions (top-level keys): `seed`, `memory_budget`, `max_shard_size`
 `filter_exclude` (globs of tensors merged linearly instead of by the method; also accepted inside `parameters`),
 `weights` (one weight per model, instead of `models[i].parameters.weight`), `drop_cache`, `fp32_arithmetic`
 (float32 arithmetic whatever `dtype` says: not mergekit's numbers), `name`. Unsupported
-mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `tokenizer:` added tokens, `chat_template`)
-are refused with a message saying so; `tokenizer_source` (`base`, `union`, a model) aligns the vocabularies as
-mergekit does (`vocab`).
+mergekit features (`modules`, a slice's `base_model`/`residual_weight`, `chat_template`) are refused with a message
+saying so; `tokenizer_source` (`base`, `union`, a model) and the `tokenizer:` block (`source`, per-token `tokens`,
+`pad_to_multiple_of`; `tokens`) align the vocabularies as mergekit does (`vocab`).
 
 This module imports no torch at import time (`import hf_stable.merging` stays cheap); method names and parameters are
 checked against `hf_stable.merging.methods` when a recipe is built.
@@ -51,6 +51,7 @@ from .settings import (
     parse_parameters,
     with_layer,
 )
+from .tokens import TokenEmbedding, parse_pad, parse_tokens
 
 
 _MERGEKIT_UNSUPPORTED = {
@@ -117,6 +118,9 @@ class MergeConfig:
             the model card says so).
         tokenizer_source: `base`, `union`, or a model of the recipe / a path: the output vocabulary, every model's
             embedding and `lm_head` rows moved into it (`vocab`); default the base's tokenizer files, else the first's.
+        tokenizer_tokens: the `tokenizer:` block's `tokens` (`{token: tokens.TokenEmbedding}`): per-token row sources,
+            tokens the output lacks added.
+        pad_to_multiple_of: the `tokenizer:` block's: the vocabulary axis rounded up, the new rows each model's mean.
         seed: seed of the counter-based RNG of random methods (DARE, DELLA).
         memory_budget: default ceiling on the engine's buffers for `merge()` (`"2GB"`, bytes).
         max_shard_size: output shard size (`"5GB"`, bytes).
@@ -133,6 +137,8 @@ class MergeConfig:
     dtype: str | None = None
     out_dtype: str | None = None
     tokenizer_source: str | None = None
+    tokenizer_tokens: dict[str, TokenEmbedding] | None = None
+    pad_to_multiple_of: int | None = None
     seed: int = 0
     memory_budget: str | int | None = None
     max_shard_size: str | int = "5GB"
@@ -176,6 +182,10 @@ class MergeConfig:
                 raise ValueError(f"{key}={value!r} is not supported; use one of {sorted(DTYPE_NAMES)}")
             if value is not None:
                 setattr(self, key, str(value).replace("torch.", ""))
+        self.tokenizer_tokens = parse_tokens(self.tokenizer_tokens)
+        self.pad_to_multiple_of = parse_pad(self.pad_to_multiple_of, "pad_to_multiple_of")
+        if (self.tokenizer_tokens or self.pad_to_multiple_of) and self.tokenizer_source is None:
+            self.tokenizer_source = "union"  # the tokenizer: block's default source
         if not isinstance(self.fp32_arithmetic, bool):
             raise ValueError(f"fp32_arithmetic must be true or false, got {self.fp32_arithmetic!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -218,14 +228,16 @@ class MergeConfig:
             raise ValueError("models: at least one input model is required (or `slices:` with layer ranges)")
         tokenizer = data.pop("tokenizer", None)
         if tokenizer is not None:
-            if not isinstance(tokenizer, dict) or set(tokenizer) - {"source"}:
+            if not isinstance(tokenizer, dict) or set(tokenizer) - {"source", "tokens", "pad_to_multiple_of"}:
                 raise ValueError(
-                    "tokenizer: only {source: base|<model>} is supported (added tokens, embedding sources and "
-                    "pad_to_multiple_of are unsupported mergekit features)"
+                    "tokenizer: expected {source: union|base|<model>, tokens: {...}, pad_to_multiple_of: N}, "
+                    f"got {tokenizer!r}"
                 )
             if data.get("tokenizer_source"):
                 raise ValueError("give either tokenizer_source or tokenizer, not both")
-            data["tokenizer_source"] = tokenizer.get("source")
+            data["tokenizer_source"] = tokenizer.get("source") or "union"  # mergekit's TokenizerConfig default
+            data["tokenizer_tokens"] = tokenizer.get("tokens")
+            data["pad_to_multiple_of"] = tokenizer.get("pad_to_multiple_of")
         weights = data.pop("weights", None)
         models = data.pop("models", None) or []
         if not isinstance(models, list):
@@ -286,7 +298,14 @@ class MergeConfig:
         for key in ("dtype", "out_dtype", "memory_budget"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
-        if self.tokenizer_source is not None:
+        if self.tokenizer_tokens or self.pad_to_multiple_of:
+            block: dict[str, Any] = {"source": name(self.tokenizer_source or "union")}
+            if self.tokenizer_tokens:
+                block["tokens"] = {t: e.to_dict(name) for t, e in self.tokenizer_tokens.items()}
+            if self.pad_to_multiple_of:
+                block["pad_to_multiple_of"] = self.pad_to_multiple_of
+            d["tokenizer"] = block
+        elif self.tokenizer_source is not None:
             d["tokenizer_source"] = name(self.tokenizer_source)
         if self.filter_exclude:
             d["filter_exclude"] = list(self.filter_exclude)

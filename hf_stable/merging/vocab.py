@@ -27,8 +27,9 @@ tokenizer is the base when there is no `base_model`), this follows the recipe's 
 models' added tokens come in compatible orders. mergekit fails, and so does this (`ValueError`, before anything is
 written), when an output token sits past a model's `vocab_size` in that model's tokenizer, and, with `union`, when
 the base's tokenizer cannot be loaded or stripping needs a tokenizer that is not a fast BPE one (with `base` or a
-model, the tokenizer files are then copied as they are, as before). A tied output embedding missing from some
-models only is refused (not implemented).
+model, the tokenizer files are then copied as they are, as before). An output embedding (`lm_head`) missing from
+some models only (saved with tied embeddings) is, in those models, their input embedding, as mergekit reads it
+(its architectures' `tied_names`): aligned and merged with the others' `lm_head`, and written.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .compat import TIED_OUTPUT_NAMES
 from .io.dtypes import torch_dtypes
 from .io.header import ModelCheckpoint, TensorInfo
 from .resolve import resolve_model_path
 from .settings import is_pre_layer
+from .tokens import padded
 
 
 # Tensors mergekit 0.1.5's architecture definitions give a vocabulary axis (always axis 0).
@@ -149,12 +152,20 @@ class Vocabulary:
     dtype: str | None
     fp32: bool
     allow_pickle: bool = False
+    sources: dict[str, _Source] = dataclasses.field(default_factory=dict)
+    original: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    pad_to_multiple_of: int | None = None
     _checkpoints: dict[str, ModelCheckpoint] = dataclasses.field(default_factory=dict)
     _aligned: dict[tuple[str, str], TensorInfo | None] = dataclasses.field(default_factory=dict)
 
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    @property
+    def padded_size(self) -> int:
+        """The rows of the output's vocabulary tensors and `config.json`'s `vocab_size` (`pad_to_multiple_of`)."""
+        return padded(self.size, self.pad_to_multiple_of)
 
     # -- the hook `plan.build_plan` calls on every checkpoint it opens ----------------------------------------
 
@@ -164,12 +175,21 @@ class Vocabulary:
         self._checkpoints.setdefault(path, ckpt)
         tensors = dict(ckpt.tensors)
         changed = False
-        for name in [n for n in tensors if n in VOCAB_TENSORS]:
+        for name in [n for n in tensors if n in VOCAB_TENSORS] + self._tied_outputs(path, ckpt):
             info = self._tensor(path, name)
             if info is not None:
                 tensors[name] = info
                 changed = True
         return dataclasses.replace(ckpt, tensors=tensors) if changed else ckpt
+
+    def _tied_outputs(self, path: str, ckpt: ModelCheckpoint) -> list[str]:
+        """The output embeddings `ckpt` lacks (saved tied) that another model of the tensor stores: mergekit reads
+        the model's input embedding in their place (its architectures' `tied_names`), and so does `_align`."""
+        post = self.participants["post"]
+        if path not in post:
+            return []
+        others = [self._checkpoint(p) for p in post if p != path]
+        return [n for n in TIED_OUTPUT_NAMES if n not in ckpt.tensors and any(n in c.tensors for c in others)]
 
     def _checkpoint(self, path: str) -> ModelCheckpoint:
         if path not in self._checkpoints:
@@ -192,20 +212,22 @@ class Vocabulary:
         from .io.reader import SafetensorsReader
 
         ckpts = {p: self._checkpoint(p) for p in paths}
-        lacking = [p for p in paths if name not in ckpts[p].tensors]
+        stored = {p: name if name in ckpts[p].tensors else _tied_input(name, ckpts[p]) for p in paths}
+        lacking = [p for p, n in stored.items() if n is None]
         if lacking:
-            raise ValueError(
-                f"tokenizer_source: tensor {name!r} is missing from {lacking} (tied embeddings) but present "
-                "in other models of the recipe; aligning a tied output embedding is not supported"
-            )
+            raise ValueError(f"tokenizer_source: tensor {name!r} is missing from {lacking}, which have no input "
+                             "embedding to stand for it, but present in other models of the recipe")  # fmt: skip
         V = self.size
-        infos = {p: ckpts[p].tensors[name] for p in paths}
-        if all(self.permutations[p] == list(range(V)) and infos[p].n_rows == V for p in paths):
+        infos = {p: ckpts[p].tensors[stored[p]] for p in paths}
+        forced = any(self.sources[t].force for t in self.sources if t in self.tokens)
+        if not forced and self.padded_size == V and all(
+            self.permutations[p] == list(range(V)) and infos[p].n_rows == V and stored[p] == name for p in paths
+        ):
             return dict.fromkeys(paths)
         xs = {}
         for p in paths:
             with SafetensorsReader(ckpts[p]) as r:
-                xs[p] = r.read_tensor(name)
+                xs[p] = r.read_tensor(stored[p])
         store = xs[paths[0]].dtype
         for x in xs.values():
             store = torch.promote_types(store, x.dtype)
@@ -213,7 +235,9 @@ class Vocabulary:
             store = getattr(torch, self.dtype)
         work = torch.float32 if self.fp32 else store
         xs = {p: x.to(work) for p, x in xs.items()}
-        filled = fill_rows(xs, {p: self.permutations[p] for p in paths}, self.base)
+        order = sorted(self.tokens, key=self.tokens.get)
+        filled = fill_rows(xs, {p: self.permutations[p] for p in paths}, self.base, tokens=order,
+                           sources=self.sources, original=self.original, pad_to=self.padded_size)  # fmt: skip
         names = {v: k for k, v in torch_dtypes().items()}
         out = {}
         for p, x in filled.items():
@@ -239,34 +263,58 @@ class Vocabulary:
         return sorted(set(p.name for p in out.iterdir()) - before)
 
 
+def _tied_input(name: str, ckpt: ModelCheckpoint) -> str | None:
+    """The input embedding that stands for the missing output embedding `name` (the checkpoint's only vocabulary
+    tensor before the layers), or None."""
+    if name not in TIED_OUTPUT_NAMES:
+        return None
+    inputs = [n for n in ckpt.tensors if n in VOCAB_TENSORS and is_pre_layer(n)]
+    return inputs[0] if len(inputs) == 1 else None
+
+
 def _added(tok) -> dict[int, tuple[str, bool]]:
     return {i: (t.content, t.special) for i, t in tok.added_tokens_decoder.items()}
 
 
-def fill_rows(xs: dict, permutations: dict[str, list[int]], base: str | None) -> dict:
+def fill_rows(xs: dict, permutations: dict[str, list[int]], base: str | None, *, tokens: list[str] | None = None,
+              sources: dict | None = None, original: dict | None = None, pad_to: int | None = None) -> dict:
     """Each model's vocabulary tensor moved into the output vocabulary (mergekit 0.1.5 `PermutedVocabulary`).
 
     Args:
         xs: per model (in the tensor's model order), its `(R, ...)` tensor, in the arithmetic dtype.
         permutations: per model, a list of length `V`: the model's row for each output id, `-1` where it lacks it.
         base: the base model (a key of `xs`), or None.
+        tokens: the output's token of each id (length `V`); needed with `sources`.
+        sources: `{token: tokens.TokenEmbedding}` with model paths in place of models (`tokenizer.tokens`).
+        original: per model path, its tokenizer's `{token: id}` (a `model_token` source given by token).
+        pad_to: the output's row count `P ≥ V` (`pad_to_multiple_of`), or None for `V`.
 
     Returns:
-        per model, a `(V, ...)` tensor: its own row where it has the token; else the row of the token's only holder,
-        the base's row (base among the models and holding it), the mean of the holders' rows (summed in model order,
-        then divided by their count), or zeros (no holder).
+        per model, a `(P, ...)` tensor: its own row where it has the token and the token is not forced; else the
+        token's configured source (`sources`), the row of its only holder, the base's row (base among the models and
+        holding it), the mean of the holders' rows (summed in model order, then divided by their count), or zeros
+        (no holder); rows `V … P−1` are the mean of that model's rows `0 … V−1`.
+
+    Raises:
+        ValueError: where mergekit fails: a configured token some model lacks (or forced) with no source, or a source
+            model that is not among the tensor's models, lacks the token, or has no such row.
     """
     import torch
 
     models = list(xs)
     first = xs[models[0]]
     V = len(permutations[models[0]])
+    sources = sources or {}
     idx = {m: torch.tensor(permutations[m], dtype=torch.long) for m in models}
     have = torch.stack([idx[m] >= 0 for m in models])  # (M, V)
+    forced = {j for j, t in enumerate(tokens or ()) if t in sources and sources[t].force}
     defaults: dict[int, torch.Tensor] = {}
-    for j in torch.nonzero(~have.all(0)).flatten().tolist():
+    for j in sorted(set(torch.nonzero(~have.all(0)).flatten().tolist()) | forced):
+        cfg = sources.get(tokens[j]) if tokens is not None else None
         holders = [m for m, h in zip(models, have[:, j].tolist(), strict=True) if h]
-        if len(holders) == 1:
+        if cfg is not None:
+            defaults[j] = _source_row(cfg, tokens[j], j, xs, permutations, original or {})
+        elif len(holders) == 1:
             defaults[j] = xs[holders[0]][permutations[holders[0]][j]]
         elif not holders:
             defaults[j] = first.new_zeros(first.shape[1:])
@@ -277,23 +325,69 @@ def fill_rows(xs: dict, permutations: dict[str, list[int]], base: str | None) ->
             for m in holders:
                 acc = acc + xs[m][permutations[m][j]]
             defaults[j] = acc / len(holders)
+    P = max(V, pad_to or V)
     out = {}
     for m in models:
-        x = first.new_zeros((V, *first.shape[1:]))
-        own = idx[m] >= 0
-        x[own] = xs[m][idx[m][own]]
+        x = first.new_zeros((P, *first.shape[1:]))
+        own = (idx[m] >= 0).clone()
+        own[sorted(forced)] = False
+        x[:V][own] = xs[m][idx[m][own]]
         for j, row in defaults.items():
             if not bool(own[j]):
                 x[j] = row
+        if P > V:  # mergekit: the mean of the model's rows, after the ones above are filled
+            x[V:] = torch.mean(x[:V], dim=0)
         out[m] = x
     return out
+
+
+def _source_row(cfg, token: str, j: int, xs: dict, permutations: dict, original: dict):
+    """The row `tokenizer.tokens[token]` names (mergekit `PermutedVocabulary.compute_default_embedding`)."""
+    first = next(iter(xs.values()))
+    if cfg.kind == "zero":
+        return first.new_zeros(first.shape[1:])
+    if cfg.kind is None:
+        raise ValueError(f"tokenizer.tokens[{token!r}] has no source, but the token is forced or missing from some "
+                         "model (mergekit 0.1.5 fails on it too: NotImplementedError)")  # fmt: skip
+    where = f"tokenizer.tokens[{token!r}].source"
+    path = cfg.model  # a model path (`build_vocabulary` resolves the recipe's names), or None: not in the recipe
+    if path not in xs:
+        raise ValueError(f"{where}: model {cfg.label!r} is not one of this tensor's models (mergekit 0.1.5 fails on "
+                         "it too: the vocabulary weight is missing)")  # fmt: skip
+    if cfg.kind == "model":
+        if permutations[path][j] < 0:
+            raise ValueError(f"{where}: model {cfg.label!r} lacks the token (mergekit 0.1.5 fails on it too)")
+        return xs[path][permutations[path][j]]
+    src = cfg.token_id
+    if src is None:
+        if cfg.token not in original.get(path, {}):
+            raise ValueError(f"{where}: token {cfg.token!r} is not in the tokenizer of model {cfg.label!r} "
+                             "(mergekit 0.1.5 fails on it too)")  # fmt: skip
+        src = original[path][cfg.token]
+    if not 0 <= src < xs[path].shape[0]:
+        raise ValueError(f"{where}: token id {src} is out of range for model {cfg.label!r} ({xs[path].shape[0]} rows; "
+                         "mergekit 0.1.5 fails on it too)")  # fmt: skip
+    return xs[path][src]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """A `tokens.TokenEmbedding` with its model resolved to the path the tensors are keyed by."""
+
+    kind: str | None
+    model: str | None
+    label: str | None
+    token: str | None
+    token_id: int | None
+    force: bool
 
 
 def build_vocabulary(config) -> Vocabulary | None:
     """The recipe's output vocabulary when it names a `tokenizer_source` (None without one), reading tokenizers and
     configs only: the union (`union`), the stripped base tokenizer (`base`), or a model's tokenizer. `ValueError`
     where mergekit 0.1.5 fails (see the module docstring); for `base` or a model, a tokenizer that cannot be loaded
-    or stripped gives None (the tokenizer files are copied and the vocabularies must already agree)."""
+    or stripped gives None (the tokenizer files are copied and the vocabularies must already agree), unless the
+    recipe has `tokenizer.tokens` or `pad_to_multiple_of`, which need it (`ValueError`)."""
     source = config.tokenizer_source
     if source is None:
         return None
@@ -314,8 +408,8 @@ def build_vocabulary(config) -> Vocabulary | None:
         if source not in ("union", "base"):
             out = _load_tokenizer(_source_path(config, source))
     except (OSError, ValueError) as err:
-        if source != "union":
-            return None
+        if source != "union" and not (config.tokenizer_tokens or config.pad_to_multiple_of):
+            return None  # the files are copied; `tokens` and padding need the tokenizer
         raise ValueError(f"{where}: the tokenizer of {labels[base_path]!r} cannot be loaded or stripped ({err}); "
                          "mergekit 0.1.5 fails on it too") from None  # fmt: skip
     for p in paths[1:]:
@@ -326,7 +420,11 @@ def build_vocabulary(config) -> Vocabulary | None:
     if source == "union":
         out = _union(tokenizers[base_path], [(t, sizes[p] or t.vocab_size) for p, t in tokenizers.items()])
     elif source == "base":
-        out = tokenizers[base_path]
+        out = tokenizers[base_path]  # the base's own tokenizer: tokens added below are the base's too, as in mergekit
+    configured = config.tokenizer_tokens or {}
+    for t in configured:  # mergekit's `add_tokens`: the configured tokens the output lacks
+        if t not in out.get_vocab():
+            out.add_tokens(t)
     tokens = out.get_vocab()
     if sorted(tokens.values()) != list(range(len(tokens))):
         raise ValueError(f"{where}: the output tokenizer's ids are not 0 … V−1")
@@ -344,8 +442,23 @@ def build_vocabulary(config) -> Vocabulary | None:
                 )
             perm[j] = -1 if i is None else i
         permutations[p] = perm
+    sources = {t: _resolve_source(config, e) for t, e in configured.items()}
     return Vocabulary(out, tokens, permutations, _participants(config), paths[0] if config.base_model else None,
-                      _dtype_name(config), bool(config.fp32_arithmetic), bool(config.allow_pickle))  # fmt: skip
+                      _dtype_name(config), bool(config.fp32_arithmetic), bool(config.allow_pickle), sources,
+                      {p: t.get_vocab() for p, t in tokenizers.items()}, config.pad_to_multiple_of)  # fmt: skip
+
+
+def _resolve_source(config, entry) -> _Source:
+    """A `tokenizer.tokens` entry with its model as the path of the recipe's model it names (None: not one)."""
+    path = None
+    if entry.model is not None:
+        refs = ([config.base_model] if config.base_model is not None else []) + list(config.models)
+        for ref in refs:
+            if ref.same_model(entry.model) or entry.model.spec == ref.spec:
+                path = resolve_model_path(ref.model, ref.revision)
+                break
+    label = entry.model.spec if entry.model is not None else None
+    return _Source(entry.kind, path, label, entry.token, entry.token_id, entry.force)
 
 
 def _source_path(config, source: str) -> str:

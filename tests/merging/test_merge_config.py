@@ -166,7 +166,16 @@ def test_weights_field_and_round_trip(tmp_path):
         ),
         ({"merge_method": "linear", "models": ["a"], "read_threads": 2}, "one I/O thread"),
         ({"merge_method": "linear", "models": ["a"], "modules": {"x": {}}}, "unsupported mergekit feature"),
-        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"source": "union", "tokens": {}}}, "unsupported"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"added": ["x"]}}, r"tokenizer: expected \{source"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"tokens": {"x": {"source": {"kind": "mean"}}}}},
+         r"tokens\['x'\]\.source: a model, \{kind: zero\}"),
+        ({"merge_method": "linear", "models": ["a"],
+          "tokenizer": {"tokens": {"x": {"source": {"kind": "model_token", "model": "a"}}}}}, "exactly one of token"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"tokens": {"x": {"force": "yes"}}}},
+         r"tokens\['x'\]\.force must be true or false"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"pad_to_multiple_of": 2.5}}, "positive integer"),
+        ({"merge_method": "linear", "models": ["a"], "tokenizer": {"source": "base"}, "tokenizer_source": "base"},
+         "either tokenizer_source or tokenizer"),
         ({"merge_method": "linear", "models": ["a"], "chat_template": "chatml"}, "unsupported"),
         ({"merge_method": "linear", "models": ["a"], "bogus": 1}, "unknown recipe keys"),
         ({"merge_method": "linear", "models": []}, "at least one input model"),
@@ -326,3 +335,23 @@ def test_tokenizer_source_base_without_base_model_and_union(pico_models, tmp_pat
                      progress=False).output_dir)  # fmt: skip
     assert (got / "model.safetensors").read_bytes() == (plain / "model.safetensors").read_bytes()
     assert "<extra-token>" not in AutoTokenizer.from_pretrained(str(got)).get_vocab()
+
+
+def test_tokenizer_block_round_trips_and_is_redacted(tmp_path):
+    """The `tokenizer:` block (mergekit 0.1.5 `TokenizerConfig`): no source is `union`; `tokens` and
+    `pad_to_multiple_of` survive `to_yaml`/`from_yaml`; local model paths in token sources are redacted."""
+    local = tmp_path / "expert-b"
+    local.mkdir()
+    block = {"pad_to_multiple_of": 64, "tokens": {
+        "<|a|>": {"source": str(local), "force": True}, "<|b|>": {"source": {"kind": "zero"}},
+        "<|c|>": {"source": {"kind": "model_token", "model": "org/a@v1", "token": "<s>"}},
+        "<|d|>": {"source": {"kind": "model_token", "model": str(local), "token_id": 3}}}}  # fmt: skip
+    cfg = MergeConfig.from_dict({"merge_method": "linear", "models": ["org/a@v1", str(local)], "tokenizer": block})
+    assert cfg.tokenizer_source == "union" and cfg.pad_to_multiple_of == 64
+    assert cfg.tokenizer_tokens["<|a|>"].force and cfg.tokenizer_tokens["<|a|>"].model.model == str(local)
+    assert cfg.tokenizer_tokens["<|c|>"].model.revision == "v1" and cfg.tokenizer_tokens["<|d|>"].token_id == 3
+    assert MergeConfig.from_yaml(cfg.to_yaml()) == cfg
+    assert cfg.to_dict()["tokenizer"] == {"source": "union", **block}
+    red = cfg.to_dict(redact=True)["tokenizer"]["tokens"]
+    assert red["<|a|>"]["source"] == "expert-b" and red["<|d|>"]["source"]["model"] == "expert-b"
+    assert str(tmp_path) not in cfg.to_yaml(redact=True)

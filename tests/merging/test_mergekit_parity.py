@@ -45,8 +45,9 @@ from mergekit_models import build, prepare_recipe  # noqa: E402
 RECIPES = sorted(p.stem for p in (PARITY / "recipes").glob("*.yml"))
 BASIC = sorted(r for r in RECIPES if r.startswith("basic-"))  # mergekit's tests/test_basic_merges.py cases
 RANDOM = {"dare_linear", "dare_ties", "della", "della_linear"} | {r for r in BASIC if "-dare_" in r or "-della" in r}
-# tokenizer_source (`union`, `base`, a model) over differing vocabularies: fixtures keep mergekit's tokenizer too
-TOKENIZED = sorted(r for r in RECIPES if r.startswith(("union-", "source-")))
+# tokenizer_source (`union`, `base`, a model) over differing vocabularies, and the `tokenizer:` block's
+# `pad_to_multiple_of` and `tokens`: fixtures keep mergekit's tokenizer too
+TOKENIZED = sorted(r for r in RECIPES if r.startswith(("union-", "source-", "pad-", "tokens-")))
 # Recipes whose output is not yet bitwise mergekit's: (why, bound). The bound is what `test_not_bitwise_bounds`
 # holds them to: ("eps", b) → max |Δ| ≤ b · eps(dtype) · max |mergekit's tensor| per tensor; ("frac", f) → at most a
 # fraction f of the elements differ. The methods whose coefficients come from whole-tensor reductions (slerp,
@@ -137,6 +138,12 @@ def _names(recipe: dict) -> set[str]:
         names |= {s["model"] for s in sl["sources"]}
     if recipe.get("tokenizer_source") not in (None, "base", "union"):
         names.add(recipe["tokenizer_source"])
+    block = recipe.get("tokenizer") or {}
+    if block.get("source") not in (None, "base", "union"):
+        names.add(block["source"])
+    for entry in (block.get("tokens") or {}).values():
+        source = entry.get("source")
+        names |= {source} if isinstance(source, str) else {source["model"]} if "model" in (source or {}) else set()
     return names
 
 
@@ -435,7 +442,7 @@ def test_output_tokenizer_is_mergekits(name, folders, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == expected["vocab_size"]
     assert not any(t.startswith("<UNUSED_") for t in vocab)
     shapes = {k: v.shape[0] for k, v in _fixture(name).items() if k in ("model.embed_tokens.weight", "lm_head.weight")}
-    assert shapes == dict.fromkeys(shapes, len(expected["tokens"]))
+    assert shapes == dict.fromkeys(shapes, expected["vocab_size"])  # the tokens, padded (`pad_to_multiple_of`)
 
 
 def test_union_rows_are_mergekits(folders):
@@ -485,24 +492,94 @@ def test_union_refused_where_mergekit_fails(folders, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
 
 
-def test_union_with_a_tied_lm_head_in_some_models_is_refused(folders, tmp_path):
-    """Not implemented (mergekit 0.1.5 reads the input embedding in place of a missing tied `lm_head`, and merges;
-    checked in its venv): a union over models of which only some store `lm_head` is refused by name, before any
-    output folder exists, as hf_stable refuses models not tied alike without a tokenizer_source too (`compat`)."""
-    import json
-    import shutil
+def test_union_reads_a_tied_models_embedding_as_its_lm_head(folders):
+    """mergekit 0.1.5 reads the input embedding of a model saved tied (no `lm_head`) in place of its `lm_head`
+    (`io/tasks.py` `LoadTensor`, the architecture's `tied_names`), then aligns and merges it like the others'
+    (`union-tied-mix`, `union-tied-base-bf16`: bitwise). Here: the tied model's aligned `lm_head` is its aligned
+    embedding, row for row, the output's `lm_head` is Σ wᵢ·(lm_head or embedding)ᵢ / Σ w, and it is not the output's
+    embedding (the other models' `lm_head` rows count)."""
+    from hf_stable.merging.plan import open_checkpoint
+    from hf_stable.merging.vocab import build_vocabulary
 
-    from safetensors.torch import save_file
+    recipe = prepare_recipe(_recipe("union-tied-mix"), folders)
+    vocab = build_vocabulary(MergeConfig.from_dict(recipe))
+    theirs = _fixture("union-tied-mix")
+    rows = {}
+    for m in recipe["models"]:
+        ckpt = vocab.align(m["model"], open_checkpoint(m["model"], m["model"], False))
+        rows[m["model"]] = {n: ckpt.tensors[n].buffer.view(torch.float32).view(ckpt.tensors[n].shape)
+                            for n in ("model.embed_tokens.weight", "lm_head.weight")}  # fmt: skip
+    tied = rows[folders["tok_tied"]]
+    assert torch.equal(tied["lm_head.weight"], tied["model.embed_tokens.weight"])
+    w = [m["parameters"]["weight"] for m in recipe["models"]]
+    expected = sum(wi * r["lm_head.weight"] for wi, r in zip(w, rows.values(), strict=True)) / sum(w)
+    assert torch.allclose(expected, theirs["lm_head.weight"], rtol=0, atol=4e-7)
+    assert not torch.allclose(theirs["lm_head.weight"], theirs["model.embed_tokens.weight"], atol=1e-2)
 
-    tied = tmp_path / "tied"
-    shutil.copytree(folders["tok_chatml"], tied)
-    tensors = load_file(tied / "model.safetensors")
-    del tensors["lm_head.weight"]
-    save_file(tensors, str(tied / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((tied / "config.json").read_text())
-    (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
-    recipe = {"merge_method": "linear", "base_model": folders["tok_base"], "models": [str(tied), folders["tok_base"]],
-              "tokenizer_source": "union"}  # fmt: skip
-    with pytest.raises(ValueError, match=r"'lm_head.weight' is missing .*tied output embedding is not supported"):
+
+_TWO_TOKENIZED = {"merge_method": "linear", "base_model": "tok_base", "dtype": "float32",
+                  "models": [{"model": "tok_base", "parameters": {"weight": 1.0}},
+                             {"model": "tok_chatml", "parameters": {"weight": 1.0}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("block", "match"),
+    [
+        ({"source": "base", "tokens": {"<|new|>": {"source": {"kind": "zero"}}}}, r"'<\|new\|>'.*past its vocab_size"),
+        ({"tokens": {"<|im_start|>": {}}}, r"tokens\['<\|im_start\|>'\] has no source"),
+        ({"tokens": {"_tok_4": {"force": True}}}, r"tokens\['_tok_4'\] has no source"),
+        ({"tokens": {"<|im_start|>": {"source": "tok_tools"}}}, r"model '.*tok_tools' is not one of this tensor's"),
+        ({"tokens": {"<|im_start|>": {"source": "tok_base", "force": True}}}, r"tok_base' lacks the token"),
+        ({"tokens": {"_tok_4": {"source": {"kind": "model_token", "model": "tok_base", "token": "<|x|>"}}, }},
+         None),  # every model has _tok_4 and nothing is forced: the source is never read (accepted, as in mergekit)
+        ({"tokens": {"_tok_4": {"source": {"kind": "model_token", "model": "tok_base", "token": "<|x|>"},
+                                "force": True}}}, r"token '<\|x\|>' is not in the tokenizer"),
+        ({"tokens": {"_tok_4": {"source": {"kind": "model_token", "model": "tok_base", "token_id": 16},
+                                "force": True}}}, r"token id 16 is out of range .* \(16 rows"),
+        ({"pad_to_multiple_of": -8}, r"pad_to_multiple_of must be a positive integer"),
+    ],
+    ids=["new-token-in-base", "no-source-missing", "no-source-forced", "model-not-merged", "model-lacks-token",
+         "source-never-read", "unknown-source-token", "source-id-out-of-range", "negative-pad"],
+)  # fmt: skip
+def test_tokenizer_block_refused_where_mergekit_fails(block, match, folders, tmp_path):
+    """The `tokenizer:` block where mergekit 0.1.5 fails (checked in its venv on these recipes: a `KeyError` for a
+    token added to `source: base` (the base's own tokenizer gains it, past its vocab_size), `NotImplementedError` for
+    a configured token without a source that some model lacks or that is forced, `ValueError` for a source model that
+    is not merged, `AssertionError` for a source model lacking the token, an unknown source token or an id past the
+    model's rows, `IndexError` for a negative pad): hf_stable raises `ValueError` naming it, before any output
+    folder exists. A source that is never read is accepted, as in mergekit."""
+    recipe = prepare_recipe({**_TWO_TOKENIZED, "tokenizer": block}, folders)
+    if match is None:
+        merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
+        return
+    with pytest.raises(ValueError, match=match):
         merge(MergeConfig.from_dict(recipe), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+
+
+def test_padding_without_a_loadable_tokenizer_is_refused(folders, tmp_path):
+    """`source: base` over models without tokenizer files copies no tokenizer and keeps the vocabulary (as before);
+    `pad_to_multiple_of` or `tokens` need the tokenizer (mergekit 0.1.5 fails without one), so they are refused
+    rather than silently ignored."""
+    recipe = {"merge_method": "linear", "models": [folders["orca"], folders["base"]]}
+    merge(MergeConfig.from_dict({**recipe, "tokenizer": {"source": "base"}}), tmp_path / "plain", progress=False)
+    for block in ({"source": "base", "pad_to_multiple_of": 8}, {"source": "base", "tokens": {"x": {"force": True}}}):
+        with pytest.raises(ValueError, match=r"tokenizer of .* cannot be loaded"):
+            merge(MergeConfig.from_dict({**recipe, "tokenizer": block}), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    "block", [{}, {"tokens": {}}, {"source": "union", "pad_to_multiple_of": 0}, {"tokens": {"_tok_4": {}}}]
+)
+def test_tokenizer_block_defaults_are_mergekits(block, folders, tmp_path):
+    """mergekit 0.1.5's `TokenizerConfig` defaults (`tokenizer/config.py`): no `source` is `union`; empty `tokens`,
+    `pad_to_multiple_of: 0` and a token without a source that every model has change nothing (mergekit accepts all
+    four, checked in its venv): the output is `tokenizer_source: union`'s, tensor for tensor, with 18 rows."""
+    plain = prepare_recipe({**_TWO_TOKENIZED, "tokenizer_source": "union"}, folders)
+    merge(MergeConfig.from_dict(plain), tmp_path / "plain", progress=False)
+    merge(MergeConfig.from_dict(prepare_recipe({**_TWO_TOKENIZED, "tokenizer": block}, folders)), tmp_path / "out",
+          progress=False)  # fmt: skip
+    ours, union = (load_file(tmp_path / d / "model.safetensors") for d in ("out", "plain"))
+    assert union["model.embed_tokens.weight"].shape[0] == 18
+    assert set(ours) == set(union) and all(torch.equal(ours[k], union[k]) for k in union)

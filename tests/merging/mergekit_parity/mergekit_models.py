@@ -9,7 +9,7 @@ fine-tune is its base plus a 30% relative perturbation per tensor.
 A third family carries tokenizers with differing vocabularies (`VOCAB_FOLDERS`), for `tokenizer_source: union`,
 written as plain JSON (`tokenizer.json`, `tokenizer_config.json`): a base vocabulary of 16 tokens, models that add
 tokens (with embedding and `lm_head` rows for them), one that lacks two base tokens (its ids shift), and one whose
-tokenizer lists tokens past its `vocab_size` (unused, as in padded tokenizers).
+tokenizer lists tokens past its `vocab_size` (unused, as in padded tokenizers), and one saved with tied embeddings.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ VOCAB_FOLDERS = {
     "tok_chatml2": ("wizardmath", (), CHAT_TOKENS, 2),
     "tok_tools": ("wizardlm", ("_tok_5", "_tok_9"), [*CHAT_TOKENS, "<|tool|>"], 3),
     "tok_padded": ("platypus", (), [f"<UNUSED_{i}>" for i in range(4)], 0),  # added tokens past vocab_size
+    "tok_tied": ("biomistral", (), CHAT_TOKENS, 2),  # saved tied: no lm_head, tie_word_embeddings true
 }
+TIED_FOLDERS = {"tok_tied"}
 NAMES.update({name: name for name in VOCAB_FOLDERS})
 
 
@@ -140,13 +142,14 @@ def build(root: str | Path) -> dict[str, str]:
     for folder, spec in VOCAB_FOLDERS.items():
         path = root / folder
         if not (path / "model.safetensors").exists():
-            _build_vocab_model(path, *spec)
+            _build_vocab_model(path, *spec, tied=folder in TIED_FOLDERS)
     return {name: str(root / folder) for name, folder in NAMES.items()}
 
 
-def _build_vocab_model(path: Path, source: str, left_out, added: list[str], new_rows: int) -> None:
+def _build_vocab_model(path: Path, source: str, left_out, added: list[str], new_rows: int, tied: bool) -> None:
     """A 4-layer checkpoint whose vocabulary is the base one without `left_out`, plus `added`: its embedding and
-    `lm_head` rows are `source`'s for the tokens it keeps, then `new_rows` fresh draws."""
+    `lm_head` rows are `source`'s for the tokens it keeps, then `new_rows` fresh draws. `tied`: saved with tied
+    embeddings (no `lm_head`, `tie_word_embeddings: true`)."""
     layers, seed = FOLDERS[source]
     tensors = weights(layers, seed)
     keep = torch.tensor([i for i, t in enumerate(BASE_TOKENS) if t not in left_out])
@@ -154,9 +157,12 @@ def _build_vocab_model(path: Path, source: str, left_out, added: list[str], new_
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         tensors[name] = torch.cat([tensors[name][keep], torch.randn(new_rows, HIDDEN, generator=gen)])
     rows = len(keep) + new_rows
+    if tied:
+        del tensors["lm_head.weight"]
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps({**config(layers), "vocab_size": rows}, indent=1))
+    cfg = {**config(layers), "vocab_size": rows, "tie_word_embeddings": tied}
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
     write_tokenizer(path, [t for t in BASE_TOKENS if t not in left_out], added)
 
 
@@ -200,4 +206,13 @@ def prepare_recipe(recipe: dict, folders: dict[str, str]) -> dict:
         sl["sources"] = [local(s) for s in sl["sources"]]
     if recipe.get("tokenizer_source") not in (None, "base", "union"):
         recipe["tokenizer_source"] = folders[recipe["tokenizer_source"]]
+    block = recipe.get("tokenizer") or {}
+    if block.get("source") not in (None, "base", "union"):
+        block["source"] = folders[block["source"]]
+    for entry in (block.get("tokens") or {}).values():  # a token's source: a model, or {kind: model_token, model}
+        source = entry.get("source")
+        if isinstance(source, str):
+            entry["source"] = folders[source]
+        elif isinstance(source, dict) and "model" in source:
+            source["model"] = folders[source["model"]]
     return recipe

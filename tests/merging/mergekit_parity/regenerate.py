@@ -70,7 +70,7 @@ def main(names: list[str]) -> None:
             shutil.copyfile(out / "model.safetensors", out_dir / f"{path.stem}.safetensors")
             out_config = json.loads((out / "config.json").read_text())
             manifest["recipes"][path.stem] = {"num_hidden_layers": out_config["num_hidden_layers"]}
-            if recipe.get("tokenizer_source"):
+            if recipe.get("tokenizer_source") or recipe.get("tokenizer"):
                 fixture = _tokenizer_fixture(out, out_config)
                 (out_dir / f"{path.stem}.tokenizer.json").write_text(json.dumps(fixture, indent=1) + "\n")
             print(f"{path.stem}: ok", flush=True)
