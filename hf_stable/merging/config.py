@@ -210,6 +210,11 @@ class MergeConfig:
         if "merge_method" not in data:
             raise ValueError("merge_method is required")
         if _method_traits(data["merge_method"]).data_driven:
+            if data.get("tokenizer") is not None:  # it would reach the constructor as an unknown keyword
+                raise ValueError(
+                    f"tokenizer: the `tokenizer:` block is not supported with merge_method {data['merge_method']!r} "
+                    "(a data-driven method); give `tokenizer_source: base|<model>` instead"
+                )
             # Data-driven recipes have their own schema (e.g. fw_merging's `pool`, `objective`): kept in `extra`.
             known = {k: data.pop(k) for k in list(data) if k in _TOP_LEVEL_KEYS - {"name", "slices", "weights"}}
             if not known.get("models") and isinstance(data.get("pool"), list):

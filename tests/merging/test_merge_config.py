@@ -185,6 +185,8 @@ def test_weights_field_and_round_trip(tmp_path):
         ({"merge_method": "linear", "models": ["a"], "dtype": "int8"}, "dtype='int8' is not supported"),
         ({"merge_method": "linear", "models": ["a"], "parameters": {"weight": [{"filter": "x"}]}}, "filter, value"),
         ({"merge_method": "linear", "models": [{"model": "a", "extra": 1}]}, "unknown keys"),
+        ({"merge_method": "fw_merging", "base_model": "b", "pool": [{"model": "x"}], "tokenizer": {"source": "base"}},
+         "not supported with merge_method 'fw_merging'"),  # was a TypeError from the constructor
     ],
 )
 def test_recipe_errors(recipe, match):
