@@ -401,6 +401,10 @@ def _apply_buffers(plan: MergePlan, plans: list[TensorPlan], checkpoints, budget
         per_elem += 8 * n_max if gram else 0
         e = block = budget // per_elem
     e = max(e, 0)
+    if e < min_elems and sum(total(min_elems, min_elems)) <= budget:
+        # a method that needs whole rows longer than a chunk (sce's whole-tensor row): one row per chunk, when the
+        # budget holds it (the per-element estimate above also charges the piece scratch per element)
+        e, block = min_elems, min(min_elems, GRAM_BLOCK)
     if e < min_elems:
         need = sum(total(min_elems, min_elems))
         widest = max((t for t in plans if t.numel), key=lambda t: t.row_len if t.row_local else t.row_numel)

@@ -398,6 +398,18 @@ def test_whole_tensor_methods_beyond_one_chunk_stream(name, folders, tmp_path, m
         assert worst <= 8 * torch.finfo(t.dtype).eps * float(t.double().abs().max()), key
 
 
+@pytest.mark.parametrize("name", ["basic-sce", "basic-sce-bf16in"])
+def test_whole_tensor_rows_longer_than_a_chunk_merge(name, folders, tmp_path, monkeypatch):
+    """sce selects positions over the whole tensor (one logical row): a tensor of more elements than a chunk is
+    merged as one row when the budget holds it, still bitwise mergekit's (it was refused whatever the budget)."""
+    from hf_stable.merging import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "MAX_CHUNK_ELEMS", 32)  # every matrix of the tiny models is longer
+    res = merge(MergeConfig.from_dict(prepare_recipe(_recipe(name), folders)), tmp_path / "out", progress=False)
+    assert res.plan.chunk_elems > 32
+    assert _difference(load_file(tmp_path / "out" / "model.safetensors"), _fixture(name))[0] == 0
+
+
 def test_fp32_arithmetic_keeps_the_streaming_path(folders, outputs):
     """`fp32_arithmetic: true` is hf_stable's own arithmetic: on a float32 recipe of a whole-tensor method it takes
     the Gram path (fp64 coefficients) and is no longer bitwise mergekit's; without it, it is."""
