@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from testbeds import tiny_trl
-from testbeds.arithmetic import warmup_linear
+from testbeds.arithmetic import encoder, warmup_linear
 
 
 SPLIT_SEED = 4321
@@ -81,15 +81,6 @@ class Sizes:
     num_test: int = 300
     num_val: int = 200
     num_proxy: int = 64
-
-
-def encoder():
-    from hf_stable.testing import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    vocab = tokenizer.get_vocab()
-    eos = tokenizer.eos_token_id
-    return lambda text: [vocab[c] for c in text] + [eos]
 
 
 def encode(tag: str, strings: list[str]) -> torch.Tensor:
