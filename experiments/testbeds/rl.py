@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -112,19 +113,29 @@ def heldout_em(model, tokenizer, test) -> float:
 
 
 def code_digest() -> str:
-    """sha1 of this module, the package's `__init__` and the library sources the harness digests.
+    """sha1 of this module, the package's `__init__` and the library sources the scripts on this testbed load.
 
-    `rl_recipe.py` (the chosen LR and step count) is left out: its values enter each run's key themselves, so a new
-    choice keeps the runs already made (the harness still digests it, so results that use it go stale)."""
+    Those sources are the union of the `library_deps.json` entries of the scripts that import this module (a script
+    without an entry brings every source), so a change to a part of the library no RL script loads (the merge
+    engine, the evaluation scorers) keeps the finished runs. `rl_recipe.py` (the chosen LR and step count) is left
+    out: its values enter each run's key themselves, so a new choice keeps the runs already made (the harness still
+    digests it, so results that use it go stale)."""
     if str(EXPERIMENTS) not in sys.path:
         sys.path.insert(0, str(EXPERIMENTS))
     from _harness import REPO, library_sources
 
+    sources = sorted({path for script in testbed_scripts() for path in library_sources(str(script))})
     h = hashlib.sha1()
-    for path in [HERE / "__init__.py", HERE / "rl.py", *library_sources()]:
+    for path in [HERE / "__init__.py", HERE / "rl.py", *sources]:
         h.update(path.relative_to(REPO).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def testbed_scripts() -> list[Path]:
+    """The experiment scripts that import this module (`from testbeds import rl`)."""
+    pattern = re.compile(r"^from testbeds import (.*, )?rl\b", re.MULTILINE)
+    return sorted(p for p in EXPERIMENTS.glob("*.py") if pattern.search(p.read_text()))
 
 
 def warm_start_dir(seed: int, recipe: Recipe) -> Path:

@@ -203,3 +203,31 @@ def test_digest_follows_only_the_testbeds_a_script_uses(tmp_path, monkeypatch):
     assert _harness._sources_digest(str(script)) == before
     (beds / "core.py").write_text("X = 2\n")
     assert _harness._sources_digest(str(script)) != before
+
+
+def test_the_rl_run_cache_follows_what_the_rl_scripts_load(tmp_path, monkeypatch):
+    """The RL testbed's run cache (`testbeds.rl.code_digest`) is keyed by the library files its scripts' entries list:
+    a change to a file no RL script loads keeps the finished runs, one to a listed file drops them; the control
+    (a script on the testbed without an entry) follows every file."""
+    from testbeds import rl
+
+    script = _toy_repo(tmp_path, monkeypatch, {"experiments/toy.py": ["hf_stable/losses.py"]})
+    script.write_text("from testbeds import rl\n")
+    (tmp_path / "experiments" / "merge_toy.py").write_text("from testbeds import skills\n")
+    beds = tmp_path / "experiments" / "testbeds"
+    beds.mkdir()
+    (beds / "__init__.py").write_text("")
+    (beds / "rl.py").write_text("R = 1\n")
+    monkeypatch.setattr(rl, "HERE", beds)
+    monkeypatch.setattr(rl, "EXPERIMENTS", tmp_path / "experiments")
+    monkeypatch.syspath_prepend(str(tmp_path / "experiments"))
+    assert rl.testbed_scripts() == [script]
+    before = rl.code_digest()
+    (tmp_path / "hf_stable" / "merging" / "engine.py").write_text("b = 2\n")
+    assert rl.code_digest() == before
+    (tmp_path / "hf_stable" / "losses.py").write_text("a = 2\n")
+    assert rl.code_digest() != before
+    _harness.DEPS.write_text(json.dumps({}))
+    without_entry = rl.code_digest()
+    (tmp_path / "hf_stable" / "merging" / "engine.py").write_text("b = 3\n")
+    assert rl.code_digest() != without_entry
