@@ -11,6 +11,7 @@ No torch import at module level.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from .io.header import ModelCheckpoint, TensorInfo
+from .settings import is_pre_layer
 
 
 if TYPE_CHECKING:
@@ -27,6 +29,14 @@ if TYPE_CHECKING:
 # Output-embedding names that transformers drops from a checkpoint when `tie_word_embeddings` is true (the weight
 # is the input embedding's). Listed explicitly: guessing from names would hide real missing tensors.
 TIED_OUTPUT_NAMES = ("lm_head.weight",)
+
+# Tensors mergekit 0.1.5's architecture definitions give a vocabulary axis (always axis 0).
+VOCAB_TENSORS = frozenset({
+    "model.embed_tokens.weight", "lm_head.weight", "lm_head.bias", "transformer.wte.weight", "embed_tokens.weight",
+    "model.language_model.embed_tokens.weight", "gpt_neox.embed_in.weight", "embed_out.weight", "output.weight",
+    "model.tok_embeddings.weight", "transformer.word_embeddings.weight", "backbone.embeddings.weight",
+    "transformer.embedding.word_embeddings.weight", "transformer.output_layer.weight", "transformer.embd.wte.weight",
+})  # fmt: skip
 
 # How many names an error message lists before "... (n in all)".
 _SHOW = 5
@@ -135,6 +145,33 @@ def tie_word_embeddings(config: dict | None) -> bool | None:
         if isinstance(cfg, dict) and isinstance(cfg.get("tie_word_embeddings"), bool):
             return cfg["tie_word_embeddings"]
     return None
+
+
+def tied_input(name: str, ckpt: ModelCheckpoint) -> str | None:
+    """The input embedding that stands for the missing output embedding `name` (the checkpoint's only vocabulary
+    tensor before the layers), or None."""
+    if name not in TIED_OUTPUT_NAMES:
+        return None
+    inputs = [n for n in ckpt.tensors if n in VOCAB_TENSORS and is_pre_layer(n)]
+    return inputs[0] if len(inputs) == 1 else None
+
+
+def with_tied_outputs(checkpoints: dict[str, ModelCheckpoint]) -> dict[str, ModelCheckpoint]:
+    """The checkpoints, each lacking an output embedding (saved tied) that another one stores given that name for
+    its input embedding's bytes: mergekit 0.1.5 reads a tensor's tied name when the tensor is missing (its
+    architectures' `tied_names`), so the stored `lm_head` is merged with the tied models' embeddings and written.
+    A checkpoint with no single input embedding is left as it is (`compat.check_compatible` then decides)."""
+    out = dict(checkpoints)
+    for name in TIED_OUTPUT_NAMES:
+        stored = [c.tensors[name] for c in checkpoints.values() if name in c.tensors]
+        if not stored:
+            continue
+        for label, ckpt in checkpoints.items():
+            source = None if name in ckpt.tensors else tied_input(name, ckpt)
+            if source is not None and ckpt.tensors[source].shape == stored[0].shape:
+                tensors = {**out[label].tensors, name: dataclasses.replace(ckpt.tensors[source], name=name)}
+                out[label] = dataclasses.replace(out[label], tensors=tensors)
+    return out
 
 
 def check_compatible(checkpoints: dict[str, ModelCheckpoint], *, reference: str) -> CompatReport:

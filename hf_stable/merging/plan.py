@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .compat import check_compatible, check_sources, parse_size
+from .compat import check_compatible, check_sources, parse_size, with_tied_outputs
 from .config import DTYPE_NAMES, MergeConfig
 from .io.dtypes import DTYPE_ITEMSIZE
 from .io.header import ModelCheckpoint
@@ -171,6 +171,8 @@ def build_plan(
             open_ref(config.base_model, base_label)
         reference = base_label if has_base else labels[0]
         involved = [label for label in dict.fromkeys([*labels, base_label]) if label is not None]
+        if vocabulary is None:  # with a tokenizer_source, `vocabulary.align` has done it
+            checkpoints.update(with_tied_outputs({label: checkpoints[label] for label in involved}))
         report = check_compatible({label: checkpoints[label] for label in involved}, reference=reference)
         dropped = dict(report.dropped)
         num_layers = _num_layers(checkpoints[reference])
@@ -345,8 +347,13 @@ def _frankenmerge(config: MergeConfig, method, uses_base: bool, open_ref, checkp
             if isinstance(types, list):
                 layer_types.append(types[srcs[0].layer_range[0] + offset])
             out_layer += 1
-    for name in [n for n in outside if not is_pre_layer(n)]:
-        if name not in checkpoints[last[0].model.spec].tensors:
+    # Post-layer tensors are read from the last slice's sources; one saved tied reads its input embedding for a
+    # missing `lm_head` that another source stores (mergekit's tied names), and a tensor none stores is left out.
+    ends = with_tied_outputs({s.model.spec: checkpoints[s.model.spec] for s in last})
+    checkpoints.update(ends)
+    post = [n for c in [ref0, *ends.values()] for n in c.tensors if layer_index(n) is None and not is_pre_layer(n)]
+    for name in dict.fromkeys(post):
+        if name not in ends[last[0].model.spec].tensors:
             continue
         outs.append(_Out(name, [s.model for s in last], [s.model.spec for s in last], [name] * len(last),
                          config.slices[-1], 0.0, name))  # fmt: skip

@@ -40,21 +40,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .compat import TIED_OUTPUT_NAMES
+from .compat import TIED_OUTPUT_NAMES, VOCAB_TENSORS, tied_input
 from .io.dtypes import torch_dtypes
 from .io.header import ModelCheckpoint, TensorInfo
 from .resolve import resolve_model_path
 from .settings import is_pre_layer
 from .tokens import padded
-
-
-# Tensors mergekit 0.1.5's architecture definitions give a vocabulary axis (always axis 0).
-VOCAB_TENSORS = frozenset({
-    "model.embed_tokens.weight", "lm_head.weight", "lm_head.bias", "transformer.wte.weight", "embed_tokens.weight",
-    "model.language_model.embed_tokens.weight", "gpt_neox.embed_in.weight", "embed_out.weight", "output.weight",
-    "model.tok_embeddings.weight", "transformer.word_embeddings.weight", "backbone.embeddings.weight",
-    "transformer.embedding.word_embeddings.weight", "transformer.output_layer.weight", "transformer.embd.wte.weight",
-})  # fmt: skip
 
 
 def _load_tokenizer(path: str):
@@ -212,7 +203,7 @@ class Vocabulary:
         from .io.reader import SafetensorsReader
 
         ckpts = {p: self._checkpoint(p) for p in paths}
-        stored = {p: name if name in ckpts[p].tensors else _tied_input(name, ckpts[p]) for p in paths}
+        stored = {p: name if name in ckpts[p].tensors else tied_input(name, ckpts[p]) for p in paths}
         lacking = [p for p, n in stored.items() if n is None]
         if lacking:
             raise ValueError(f"tokenizer_source: tensor {name!r} is missing from {lacking}, which have no input "
@@ -261,15 +252,6 @@ class Vocabulary:
         before = set(p.name for p in out.iterdir())
         self.tokenizer.save_pretrained(str(out))
         return sorted(set(p.name for p in out.iterdir()) - before)
-
-
-def _tied_input(name: str, ckpt: ModelCheckpoint) -> str | None:
-    """The input embedding that stands for the missing output embedding `name` (the checkpoint's only vocabulary
-    tensor before the layers), or None."""
-    if name not in TIED_OUTPUT_NAMES:
-        return None
-    inputs = [n for n in ckpt.tensors if n in VOCAB_TENSORS and is_pre_layer(n)]
-    return inputs[0] if len(inputs) == 1 else None
 
 
 def _added(tok) -> dict[int, tuple[str, bool]]:

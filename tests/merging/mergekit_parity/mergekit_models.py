@@ -67,8 +67,9 @@ VOCAB_FOLDERS = {
     "tok_tools": ("wizardlm", ("_tok_5", "_tok_9"), [*CHAT_TOKENS, "<|tool|>"], 3),
     "tok_padded": ("platypus", (), [f"<UNUSED_{i}>" for i in range(4)], 0),  # added tokens past vocab_size
     "tok_tied": ("biomistral", (), CHAT_TOKENS, 2),  # saved tied: no lm_head, tie_word_embeddings true
+    "tok_tied_same": ("biomistral", (), [], 0),  # saved tied, with the base's vocabulary (no tokenizer_source needed)
 }
-TIED_FOLDERS = {"tok_tied"}
+TIED_FOLDERS = {"tok_tied", "tok_tied_same"}
 NAMES.update({name: name for name in VOCAB_FOLDERS})
 
 
