@@ -32,7 +32,7 @@ import torch
 
 from .._validation import check_int, check_length, integer, number
 from ..papers import PAPERS
-from ..registry import Field
+from ..registry import Field, Requires
 from .reward_control import REWARD_WEIGHTINGS, LagrangianController
 
 
@@ -259,6 +259,19 @@ _LAGRANGIAN_FIELDS = REWARD_WEIGHTINGS.get("lagrangian").fields
     "lagrangian_search",
     paper=PAPERS["constrained_rlhf"],
     description="the Lagrangian with its thresholds found by Nelder-Mead on a held-out reward",
+    requires=[
+        Requires(
+            "lagrange_search_objective",
+            lambda v: v is not None,
+            "name the held-out reward function, weight 0 and threshold null, whose validation mean is maximised",
+        ),
+        Requires(
+            "lagrange_thresholds",
+            lambda v: isinstance(v, (list, tuple)) and any(t is not None for t in v),
+            "give the starting threshold of each searched reward function, null for the others",
+        ),
+    ],
+    example={"lagrange_thresholds": [None, 0.5, None], "lagrange_search_objective": 2},
     fields=[
         *_LAGRANGIAN_FIELDS,
         Field(

@@ -296,6 +296,9 @@ def test_controller_refuses_by_name(params, field):
 @pytest.mark.parametrize(
     "field, value",
     [
+        ("lagrange_search_objective", None),  # required
+        ("lagrange_thresholds", None),
+        ("lagrange_thresholds", [None, None, None]),  # nothing to search
         ("lagrange_search_objective", -1),
         ("lagrange_search_objective", 1.5),
         ("lagrange_search_low", [None, "a"]),
@@ -309,10 +312,15 @@ def test_controller_refuses_by_name(params, field):
     ],
 )
 def test_config_refuses_bad_fields_at_construction(tmp_path, field, value):
-    with pytest.raises(ValueError, match=f"`{field}`"):
-        StableGRPOConfig(
-            output_dir=str(tmp_path), use_cpu=True, bf16=False, reward_weighting="lagrangian_search", **{field: value}
+    def build(**changes):
+        values = {"lagrange_thresholds": [None, 0.2, None], "lagrange_search_objective": 2, **changes}
+        return StableGRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, reward_weighting="lagrangian_search", **values
         )
+
+    with pytest.raises(ValueError, match=f"`{field}`|{field}="):
+        build(**{field: value})
+    assert build().lagrange_search_objective == 2  # the same config without the bad value is accepted
 
 
 # ---------------------------------------------------------------------------------------------------------------------
