@@ -435,3 +435,6 @@ class BRMEFold:
 
 # The length-conditional mask, a family of its own (it composes with a transform), registers with this module.
 from . import length_mask as _length_mask  # noqa: E402, F401
+
+# The Lagrangian's threshold search (`lagrangian_search`) subclasses the Lagrangian and registers with this module.
+from . import threshold_search as _threshold_search  # noqa: E402, F401

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 from flag_helpers import added_fields, assert_changes_or_refused, assert_covered, reader_activation
-from grpo_helpers import G, grpo_run
+from grpo_helpers import G, grpo_run, length_reward
 from trl import GRPOConfig
 
 from hf_stable import StableGRPOConfig
@@ -145,6 +145,49 @@ for _name in ("ctwa_cov_targets", "ctwa_lambda_lr", "ctwa_ema_tau", "ctwa_obj_ta
 BASES["ctwa_max_log_weight"] = {"_rewards": "conflict", **_TWO_STEPS}
 BASES["ctwa_ema_tau"] = {"_rewards": "conflict", "max_steps": 4}  # the first two correlations coincide here
 BASES["ctwa_use_corr"] = {"ctwa_cov_targets": [0.3, 0.3], **_THREE_STEPS}  # covariances need explicit targets
+
+
+class _HeldOut:
+    """The threshold search's held-out reward (weight 0): on a validation set of more than 8 prompts it rises with
+    every call, on fewer it falls, so `lagrange_search_val_size` decides which vertex scores best."""
+
+    __name__ = "held_out"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, completions, **kwargs):
+        self.calls += 1
+        return [float((len(completions) - 8) * self.calls)] * len(completions)
+
+
+# the length reward's mean (about -0.2) exceeds each threshold tried: the multiplier moves with the thresholds, which
+# apply from the generation after the validation that proposed them (steps 1, 2: the initial simplex -0.5, -0.3)
+_SEARCH = {
+    "reward_funcs": (arithmetic_reward, length_reward, _HeldOut()),
+    "reward_weights": [1.0, 1.0, 0.0],
+    "lagrange_thresholds": [None, -0.5, None],
+    "lagrange_lr": 1.0,
+    "lagrange_search_objective": 2,
+    "lagrange_search_step": [None, 0.2, None],
+}
+ALTERNATIVES.update(
+    {
+        "lagrange_search_objective": 0,  # a trained reward: refused
+        "lagrange_search_step": [None, 0.4, None],
+        "lagrange_search_period": 2,
+        "lagrange_search_eval_every": 2,
+        "lagrange_search_high": [None, -0.4, None],  # the second vertex -0.3 is reflected to -0.5
+        "lagrange_search_val_size": 2,  # the first vertex scores best: the reflection goes down, not up
+        "lagrange_search_low": [None, -0.6, None],  # clips that reflection, -0.7
+        "lagrange_search_xtol": 1.0,  # stops after the initial simplex, holding its best vertex
+    }
+)
+for _name in ("lagrange_search_objective", "lagrange_search_step", "lagrange_search_period"):
+    BASES[_name] = {**_SEARCH, **_THREE_STEPS}
+BASES["lagrange_search_eval_every"] = BASES["lagrange_search_high"] = {**_SEARCH, **_THREE_STEPS}
+BASES["lagrange_search_val_size"] = BASES["lagrange_search_xtol"] = {**_SEARCH, "max_steps": 4}
+BASES["lagrange_search_low"] = {**_SEARCH, "lagrange_search_val_size": 2, "max_steps": 4}
 
 
 def long_reward(completions, **kwargs):
