@@ -9,6 +9,7 @@ Each is a class built from its declared fields, ``REWARD_WEIGHTINGS.get(name)(ba
 * `gradient` (arXiv 2509.11452): weights by mirror ascent on the objectives' gradient inner products.
 * `ctwa` (arXiv 2602.06869): log-weights raised while an objective's reward does not covary with the update.
 * `lagrangian` (arXiv 2310.04373): dual multipliers keeping each mean reward below a threshold.
+* `pama` (arXiv 2508.07768): closed-form Pareto (min-norm) weights from per-objective advantage statistics.
 * `brme` (arXiv 2409.15360): an ensemble of reward functions folded into one robust reward.
 """
 
@@ -435,3 +436,5 @@ class BRMEFold:
 
 # The length-conditional mask, a family of its own (it composes with a transform), registers with this module.
 from . import length_mask as _length_mask  # noqa: E402, F401
+# PAMA's controller registers with this module too (its maths and paper record live beside it).
+from . import pama as _pama  # noqa: E402, F401
