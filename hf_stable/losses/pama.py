@@ -36,12 +36,12 @@ from .reward_control import REWARD_WEIGHTINGS, RewardWeightController
 PAMA_PAPER = Paper(
     "pama",
     "Pareto Multi-Objective Alignment for Language Models",
-    "Qiang He and Setareh Maghsudi",
+    "He, Qiang and Maghsudi, Setareh",
     "2508.07768",
     2025,
     "@misc{pama2025,\n"
     "  title         = {Pareto Multi-Objective Alignment for Language Models},\n"
-    "  author        = {Qiang He and Setareh Maghsudi},\n"
+    "  author        = {He, Qiang and Maghsudi, Setareh},\n"
     "  year          = {2025},\n  eprint        = {2508.07768},\n  archivePrefix = {arXiv}\n}",
 )
 

@@ -436,5 +436,6 @@ class BRMEFold:
 
 # The length-conditional mask, a family of its own (it composes with a transform), registers with this module.
 from . import length_mask as _length_mask  # noqa: E402, F401
+
 # PAMA's controller registers with this module too (its maths and paper record live beside it).
 from . import pama as _pama  # noqa: E402, F401

@@ -101,7 +101,8 @@ def test_closed_form_beats_every_point_of_a_fine_simplex_grid():
     )
     assert float((c * alpha.pow(2)).sum()) <= best + 1e-9
     # worked by hand: α ∝ (1/0.3, 1/2, 1/0.05) = (10/3, 1/2, 20) / (143/6)
-    torch.testing.assert_close(alpha, torch.tensor([20 / 143, 3 / 143, 120 / 143], dtype=torch.float64), rtol=1e-6, atol=0)
+    by_hand = torch.tensor([20 / 143, 3 / 143, 120 / 143], dtype=torch.float64)
+    torch.testing.assert_close(alpha, by_hand, rtol=1e-6, atol=0)
 
 
 @settings(max_examples=30, deadline=None)
@@ -196,7 +197,8 @@ def test_invariances(values, s, shift, order):
     torch.testing.assert_close(pama_weights(pama_statistics(shifted, 4)), base, rtol=1e-4, atol=1e-6)
     per_reward = r * torch.tensor([s, 1.0, 1.0])
     group = pama_weights(pama_statistics(r, 4, scale="group"))
-    torch.testing.assert_close(pama_weights(pama_statistics(per_reward, 4, scale="group")), group, rtol=1e-4, atol=1e-6)
+    group_scaled = pama_weights(pama_statistics(per_reward, 4, scale="group"))
+    torch.testing.assert_close(group_scaled, group, rtol=1e-4, atol=1e-6)
     c, c_scaled = pama_statistics(r, 4), pama_statistics(per_reward, 4)
     torch.testing.assert_close(c_scaled, c * torch.tensor([s * s, 1.0, 1.0]), rtol=1e-4, atol=1e-7)
 
@@ -320,3 +322,43 @@ def test_trainer_uses_the_pama_weights_and_they_change_the_update(tmp_path):
     logged = [log for log in trainer.state.log_history if "stable/grpo/pama/min_norm" in log]
     assert logged and all(math.isfinite(log["stable/grpo/pama/min_norm"]) for log in logged)
     assert torch.isfinite(pama).all() and not torch.equal(pama, static)
+
+
+@pytest.mark.slow
+def test_resume_restores_the_pama_state_exactly(tmp_path):
+    """Four steps straight vs two steps, a checkpoint, and two resumed steps: same parameters, same controller state
+    (the EMA makes the weights depend on every batch seen before the checkpoint)."""
+    from grpo_helpers import GRPO_ARGS, G, deterministic_rollout, grpo_run, length_reward
+
+    from hf_stable import StableGRPOTrainer
+    from hf_stable.testing import arithmetic_dataset, arithmetic_reward, build_tiny_model
+
+    config = {
+        "reward_weighting": "pama",
+        "pama_ema": 0.5,
+        "max_steps": 4,
+        "learning_rate": 1e-2,
+        "optim": "adamw_torch",
+        "save_strategy": "steps",
+        "save_steps": 2,
+    }
+    _, full = grpo_run(tmp_path / "full", batch_size=2 * G, **config)
+    model, tokenizer = build_tiny_model(seed=0)
+    args = StableGRPOConfig(
+        output_dir=str(tmp_path / "full"), per_device_train_batch_size=2 * G, **{**GRPO_ARGS, **config}
+    )
+    resumed = StableGRPOTrainer(
+        model=model,
+        reward_funcs=[arithmetic_reward, length_reward],
+        args=args,
+        train_dataset=arithmetic_dataset(16, seed=0, max_operand=9),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout,
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+    assert resumed.state.global_step == 4
+    for a, b in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert torch.equal(resumed._controller.statistics, full._controller.statistics)
+    assert torch.equal(resumed._controller.weights, full._controller.weights)
+    assert not torch.allclose(full._controller.weights, torch.ones(2))

@@ -43,7 +43,7 @@ def _t(values) -> torch.Tensor:
 
 
 def test_registries():
-    assert set(REWARD_WEIGHTINGS.names()) == {"static", "hypervolume", "gradient", "ctwa", "lagrangian"}
+    assert set(REWARD_WEIGHTINGS.names()) == {"static", "hypervolume", "gradient", "ctwa", "lagrangian", "pama"}
     assert "brme" in REWARD_TRANSFORMS
     w = torch.tensor([0.2, 0.8])
     assert torch.equal(REWARD_WEIGHTINGS.get("static")(w).weights, w)
