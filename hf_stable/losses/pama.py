@@ -29,6 +29,7 @@ import torch
 from .._validation import boolean, choice, number
 from ..papers import Paper
 from ..registry import Field
+from .advantages import group_zscore
 from .reward_control import REWARD_WEIGHTINGS, RewardWeightController
 
 
@@ -69,8 +70,8 @@ def pama_statistics(
             `reward_weights`: units and signs). Default ones.
         positive_part (`bool`): Noon PPO's `max(A, 0)` before squaring.
         scale (`str`): `"reward"`: `A` is the group-centred `b_k r_k` (TRL's `sum_then_normalize` scalarises these);
-            `"group"`: centred and divided by the group's (unbiased) std, GDPO's per-reward advantage
-            (`normalize_then_sum`), scale-free.
+            `"group"`: GDPO's per-reward advantage (`normalize_then_sum`), `(b_k r_k - mean) / (std + 1e-4)` with the
+            group's Bessel-corrected std, scale-free up to the 1e-4.
 
     Returns:
         `torch.Tensor` of shape `(K,)`, fp32, ≥ 0 and finite: a group whose values of a reward are all equal (or a
@@ -78,28 +79,16 @@ def pama_statistics(
     """
     if scale not in SCALES:
         raise ValueError(f"`pama_scale` must be one of {SCALES}, got {scale!r}.")
-    n, k = rewards.shape
-    if num_generations < 1 or n % num_generations:
-        raise ValueError(f"{n} rewards do not split into groups of num_generations={num_generations}.")
-    b = torch.ones(k) if objective_weights is None else objective_weights.reshape(k)
-    r = (rewards.double() * b.double()).reshape(-1, num_generations, k)  # (B, G, K)
-    valid = ~torch.isnan(r)
-    count = valid.sum(1, keepdim=True)
-    filled = torch.where(valid, r, 0.0)
-    mean = filled.sum(1, keepdim=True) / count.clamp(min=1)
-    centred = torch.where(valid, r - mean, 0.0)
-    # exact equality, not a tolerance: a constant column must give exactly zero whatever its magnitude
-    high = torch.where(valid, r, -torch.inf).amax(1, keepdim=True)
-    low = torch.where(valid, r, torch.inf).amin(1, keepdim=True)
-    spread = (count >= 2) & (high > low)
-    advantages = torch.where(spread, centred, 0.0)
-    if scale == "group":
-        std = (centred.pow(2).sum(1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
-        advantages = torch.where(spread, advantages / torch.where(spread, std, 1.0), 0.0)
+    k = rewards.shape[1]
+    b = torch.ones(k) if objective_weights is None else objective_weights.reshape(k).float()
+    objectives = rewards.float() * b
+    # the trainer's own per-reward advantages (TRL's centring, GDPO's z-score): NaN entries and flat groups give 0
+    trl_scale = "none" if scale == "reward" else "group"
+    advantages = torch.stack([group_zscore(objectives[:, j], num_generations, trl_scale) for j in range(k)], dim=1)
     if positive_part:
         advantages = advantages.clamp(min=0)
-    total = valid.sum((0, 1))
-    return (advantages.pow(2).sum((0, 1)) / total.clamp(min=1)).float()
+    total = (~torch.isnan(objectives)).sum(0)
+    return advantages.pow(2).sum(0) / total.clamp(min=1)
 
 
 def pama_weights(statistics: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ _CTX = StepContext(0, 1e-2, lambda: torch.zeros(0))
 
 def _loop_statistics(rows, g, b, positive_part, scale):
     """`c_k` by plain Python over groups: centre each group's valid values of `b_k r_k` (and divide by their sample
-    std for 'group'), clip at 0 for the positive part, average the squares over the valid entries."""
+    std + 1e-4 for 'group', TRL's z-score), clip at 0 for the positive part, average the squares over the valid
+    entries."""
     k = len(rows[0])
     out = []
     for j in range(k):
@@ -40,7 +41,7 @@ def _loop_statistics(rows, g, b, positive_part, scale):
             for v in values:
                 a = v - mean
                 if scale == "group":
-                    a /= pystats.stdev(values)
+                    a /= pystats.stdev(values) + 1e-4
                 total += max(a, 0.0) ** 2 if positive_part else a * a
         out.append(total / count if count else 0.0)
     return out
@@ -146,7 +147,7 @@ def _loop_advantages(column, g, positive_part, scale):
         flat = max(values) == min(values)
         mean = pystats.fmean(values)
         for v in values:
-            a = 0.0 if flat else (v - mean) / (pystats.stdev(values) if scale == "group" else 1.0)
+            a = 0.0 if flat else (v - mean) / (pystats.stdev(values) + 1e-4 if scale == "group" else 1.0)
             out.append(max(a, 0.0) if positive_part else a)
     return out
 
@@ -177,16 +178,17 @@ def test_statistics_match_a_loop_over_groups(g, k, groups, data, positive_part, 
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.lists(st.floats(-3, 3), min_size=24, max_size=24),
+    st.lists(st.integers(-12, 12), min_size=24, max_size=24),
     st.floats(0.1, 10),
     st.floats(-5, 5),
     st.permutations([0, 1, 2]),
 )
 def test_invariances(values, s, shift, order):
     """Permuting the objectives permutes the weights; a common positive scale of the rewards and a shift of any reward
-    leave them unchanged; under `pama_scale='group'` a per-reward scale does too, while under 'reward' scaling reward
-    j by s multiplies its statistic by s² exactly."""
-    r = torch.tensor(values).reshape(8, 3)
+    leave them unchanged; under `pama_scale='group'` a per-reward scale does too (up to TRL's 1e-4 in the std; the
+    rewards are multiples of 1/4, so a group with spread has a std of at least 0.18), while under 'reward' scaling
+    reward j by s multiplies its statistic by s² exactly."""
+    r = torch.tensor(values, dtype=torch.float32).reshape(8, 3) / 4
     base = pama_weights(pama_statistics(r, 4))
     if base.sum() == 0:
         return
@@ -198,7 +200,7 @@ def test_invariances(values, s, shift, order):
     per_reward = r * torch.tensor([s, 1.0, 1.0])
     group = pama_weights(pama_statistics(r, 4, scale="group"))
     group_scaled = pama_weights(pama_statistics(per_reward, 4, scale="group"))
-    torch.testing.assert_close(group_scaled, group, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(group_scaled, group, rtol=1e-2, atol=1e-4)
     c, c_scaled = pama_statistics(r, 4), pama_statistics(per_reward, 4)
     torch.testing.assert_close(c_scaled, c * torch.tensor([s * s, 1.0, 1.0]), rtol=1e-4, atol=1e-7)
 
@@ -209,8 +211,8 @@ def test_the_positive_part_and_the_scale_change_the_statistics():
     # centred: r0 → (-1, -1, -1, 3), r1 → (7.5, -2.5, -2.5, -2.5)
     assert pama_statistics(r, 4, positive_part=False).tolist() == [3.0, 75.0 / 4]
     assert pama_statistics(r, 4, positive_part=True).tolist() == [9 / 4, 56.25 / 4]
-    sd0, sd1 = math.sqrt(12 / 3), math.sqrt(75 / 3)
-    expected = torch.tensor([9 / sd0**2 / 4, 56.25 / sd1**2 / 4])  # the same shape: equal after standardising
+    sd0, sd1 = math.sqrt(12 / 3) + 1e-4, math.sqrt(75 / 3) + 1e-4  # TRL's z-score: std + 1e-4
+    expected = torch.tensor([9 / sd0**2 / 4, 56.25 / sd1**2 / 4])  # the same shape: equal up to the 1e-4
     torch.testing.assert_close(pama_statistics(r, 4, scale="group"), expected, rtol=1e-6, atol=0)
 
 
