@@ -9,6 +9,7 @@ Each is a class built from its declared fields, ``REWARD_WEIGHTINGS.get(name)(ba
 * `gradient` (arXiv 2509.11452): weights by mirror ascent on the objectives' gradient inner products.
 * `ctwa` (arXiv 2602.06869): log-weights raised while an objective's reward does not covary with the update.
 * `lagrangian` (arXiv 2310.04373): dual multipliers keeping each mean reward below a threshold.
+* `pama` (arXiv 2508.07768): closed-form Pareto (min-norm) weights from per-objective advantage statistics.
 * `brme` (arXiv 2409.15360): an ensemble of reward functions folded into one robust reward.
 """
 
@@ -438,3 +439,5 @@ from . import length_mask as _length_mask  # noqa: E402, F401
 
 # The Lagrangian's threshold search (`lagrangian_search`) subclasses the Lagrangian and registers with this module.
 from . import threshold_search as _threshold_search  # noqa: E402, F401
+# PAMA's controller registers with this module too (its maths and paper record live beside it).
+from . import pama as _pama  # noqa: E402, F401

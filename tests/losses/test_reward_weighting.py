@@ -50,6 +50,7 @@ def test_registries():
         "ctwa",
         "lagrangian",
         "lagrangian_search",
+        "pama",
     }
     assert "brme" in REWARD_TRANSFORMS
     w = torch.tensor([0.2, 0.8])

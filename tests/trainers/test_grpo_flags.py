@@ -89,6 +89,10 @@ ALTERNATIVES = {
     "length_mask_min_ratio": 0.9,
     "length_mask_max_ratio": 2.0,
     "length_mask_fill": -1.0,
+    # PAMA
+    "pama_positive_part": False,
+    "pama_scale": "group",
+    "pama_ema": 0.5,
 }
 # Fields that change neither the update nor a refusal: one reason each.
 ALLOWLIST: dict[str, str] = {
@@ -145,6 +149,9 @@ for _name in ("ctwa_cov_targets", "ctwa_lambda_lr", "ctwa_ema_tau", "ctwa_obj_ta
 BASES["ctwa_max_log_weight"] = {"_rewards": "conflict", **_TWO_STEPS}
 BASES["ctwa_ema_tau"] = {"_rewards": "conflict", "max_steps": 4}  # the first two correlations coincide here
 BASES["ctwa_use_corr"] = {"ctwa_cov_targets": [0.3, 0.3], **_THREE_STEPS}  # covariances need explicit targets
+# PAMA's weights act from the second generation, its EMA from the third
+for _name in ("pama_positive_part", "pama_scale", "pama_ema"):
+    BASES[_name] = {"_rewards": "conflict", **_THREE_STEPS}
 
 
 class _HeldOut:
