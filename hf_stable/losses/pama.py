@@ -30,7 +30,7 @@ from .._validation import boolean, choice, number
 from ..papers import Paper
 from ..registry import Field
 from .advantages import group_zscore
-from .reward_control import REWARD_WEIGHTINGS, RewardWeightController
+from .controller_base import REWARD_WEIGHTINGS, RewardWeightController
 
 
 # kept beside its code (not in `hf_stable.papers`) so that the paper table other modules load stays unchanged

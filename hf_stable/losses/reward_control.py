@@ -8,89 +8,31 @@ Each is a class built from its declared fields, ``REWARD_WEIGHTINGS.get(name)(ba
 * `hypervolume` (arXiv 2509.11452): a step multiplier from the hypervolume contribution of validation means.
 * `gradient` (arXiv 2509.11452): weights by mirror ascent on the objectives' gradient inner products.
 * `ctwa` (arXiv 2602.06869): log-weights raised while an objective's reward does not covary with the update.
-* `lagrangian` (arXiv 2310.04373): dual multipliers keeping each mean reward below a threshold.
-* `pama` (arXiv 2508.07768): closed-form Pareto (min-norm) weights from per-objective advantage statistics.
+* `lagrangian` (arXiv 2310.04373): dual multipliers keeping each mean reward below a threshold, and
+  `lagrangian_search`, its thresholds found by Nelder–Mead during the run (`hf_stable.losses.lagrangian`).
+* `pama` (arXiv 2508.07768): closed-form Pareto (min-norm) weights from per-objective advantage statistics
+  (`hf_stable.losses.pama`).
 * `brme` (arXiv 2409.15360): an ensemble of reward functions folded into one robust reward.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from .._validation import boolean, check_int, check_length, integer, number
+from .._validation import boolean, check_int, integer, number
 from ..papers import PAPERS
 from ..registry import Field, Registry
-from .reward_weighting import (
-    brme_reward,
-    ctwa_covariance,
-    ctwa_update,
-    gradient_weight_update,
-    hypervolume_step,
-    lagrangian_update,
-)
+from .controller_base import REWARD_WEIGHTINGS, RewardWeightController, StepContext, _per_reward
+from .lagrangian import LagrangianController, LagrangianSearchController
+from .pama import PAMAController
+from .reward_weighting import brme_reward, ctwa_covariance, ctwa_update, gradient_weight_update, hypervolume_step
 
 
-REWARD_WEIGHTINGS = Registry("reward_weighting", "controllers of the reward weights")
 REWARD_TRANSFORMS = Registry(
     "reward_transform", "transforms of the reward columns", selector="robust_reward", builtin=(None,)
 )
-
-
-# batches (checkpointed through `state_dict`).
-
-
-@dataclass
-class StepContext:
-    """What a controller may read about the step besides the rewards: the optimizer step, the learning rate, and
-    ``influence()``, the `(K,)` influence scores of the batch (costs a forward and K backwards; only called when
-    needed)."""
-
-    step: int
-    learning_rate: float
-    influence: Callable[[], torch.Tensor]
-
-
-def _per_reward(name: str, value, k: int) -> None:
-    check_length(name, value, k, of="reward function")
-
-
-@REWARD_WEIGHTINGS.register(
-    "static", paper="Linear scalarisation (TRL `reward_weights`)", url="https://huggingface.co/docs/trl/grpo_trainer"
-)
-class RewardWeightController:
-    """`static`: the user's weights, unchanged. Subclasses adapt them; `weights` is what scalarises the next batch.
-
-    Attributes read by the trainer: ``adaptive`` (whether weights change), ``needs_validation`` (greedy validation
-    means are fed to [`validation_point`]), ``advantage_multiplier``.
-    """
-
-    adaptive = False
-    needs_validation = False
-
-    def __init__(self, base_weights: torch.Tensor):
-        self.base = base_weights.float().clone()
-
-    @property
-    def weights(self) -> torch.Tensor:
-        return self.base
-
-    @property
-    def advantage_multiplier(self) -> float:
-        return 1.0
-
-    def observe(self, rewards: torch.Tensor, advantages: torch.Tensor, num_generations: int, context: StepContext):
-        """Update from a generation batch: raw rewards `(N, K)` and the advantages used `(N,)`; returns metrics."""
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 def default_ctwa_target(num_objectives: int) -> float:
@@ -202,54 +144,6 @@ class CTWAController(RewardWeightController):
     def load_state_dict(self, state):
         self.log_weights = state["log_weights"].float()
         self.ema = state["ema"].float() if "ema" in state else None
-
-
-@REWARD_WEIGHTINGS.register(
-    "lagrangian",
-    paper=PAPERS["constrained_rlhf"],
-    description="dual multipliers keeping each mean reward below a threshold",
-    fields=[
-        Field(
-            "lagrange_thresholds",
-            None,
-            "Upper bound θ_k on each mean reward, one per reward function (`null` for unconstrained).",
-            param="thresholds",
-            type=list[float] | None,
-        ),
-        Field("lagrange_lr", 0.01, "Dual step size.", check=number(low=0), param="lr"),
-    ],
-)
-class LagrangianController(RewardWeightController):
-    """Constrained composite rewards: `w_k = b_k (1 - μ_k)` with dual ascent keeping `E[r_k] ≤ θ_k`."""
-
-    adaptive = True
-
-    def __init__(self, base_weights, thresholds=None, lr=0.01):
-        super().__init__(base_weights)
-        k = self.base.numel()
-        if thresholds is None or len(thresholds) != k:
-            raise ValueError(
-                f"reward_weighting='lagrangian' needs `lagrange_thresholds` with one entry per reward function ({k}); "
-                "use null for an unconstrained one."
-            )
-        self.lr = lr
-        self.thresholds = torch.tensor([math.nan if t is None else float(t) for t in thresholds])
-        self.multipliers = torch.zeros(k)
-
-    @property
-    def weights(self):
-        return self.base * (1 - self.multipliers)
-
-    def observe(self, rewards, advantages, num_generations, context):
-        means = torch.nanmean(rewards.float(), dim=0)
-        self.multipliers = lagrangian_update(self.multipliers, means, self.thresholds, self.lr)
-        return {f"lagrangian/mu_{k}": v for k, v in enumerate(self.multipliers.tolist())}
-
-    def state_dict(self):
-        return {"multipliers": self.multipliers}
-
-    def load_state_dict(self, state):
-        self.multipliers = state["multipliers"].float()
 
 
 @REWARD_WEIGHTINGS.register(
@@ -437,7 +331,19 @@ class BRMEFold:
 # The length-conditional mask, a family of its own (it composes with a transform), registers with this module.
 from . import length_mask as _length_mask  # noqa: E402, F401
 
-# The Lagrangian's threshold search (`lagrangian_search`) subclasses the Lagrangian and registers with this module.
-from . import threshold_search as _threshold_search  # noqa: E402, F401
-# PAMA's controller registers with this module too (its maths and paper record live beside it).
-from . import pama as _pama  # noqa: E402, F401
+
+# Importing this module registers every controller (`lagrangian`, `lagrangian_search` and `pama` live in their own
+# modules, which import the registry from `controller_base`, not from here).
+__all__ = [
+    "REWARD_TRANSFORMS",
+    "REWARD_WEIGHTINGS",
+    "BRMEFold",
+    "CTWAController",
+    "GradientController",
+    "HypervolumeController",
+    "LagrangianController",
+    "LagrangianSearchController",
+    "PAMAController",
+    "RewardWeightController",
+    "StepContext",
+]

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_stable import StableGRPOConfig
+from hf_stable.losses.lagrangian import PHASES, LagrangianSearchController, NelderMead, default_simplex
 from hf_stable.losses.reward_control import REWARD_WEIGHTINGS
-from hf_stable.losses.threshold_search import PHASES, LagrangianSearchController, NelderMead, default_simplex
 
 
 scipy_optimize = pytest.importorskip("scipy.optimize")

@@ -1,5 +1,6 @@
-"""Constrained RLHF's threshold search (Moskovitz et al., arXiv 2310.04373): a gradient-free search over the
-Lagrangian's thresholds during a single run, registered as ``reward_weighting="lagrangian_search"``.
+"""Constrained RLHF (Moskovitz et al., arXiv 2310.04373): the Lagrangian controller (``reward_weighting=
+"lagrangian"``: dual multipliers keeping each mean reward below its threshold) and the paper's gradient-free search
+over those thresholds during a single run (``reward_weighting="lagrangian_search"``).
 
 Each function evaluation of the search is a stretch of training under the proposed thresholds; its value is minus
 the greedy validation mean of a held-out reward function (one that is scored but not trained on), the role the
@@ -33,7 +34,8 @@ import torch
 from .._validation import check_int, check_length, integer, number
 from ..papers import PAPERS
 from ..registry import Field, Requires
-from .reward_control import REWARD_WEIGHTINGS, LagrangianController
+from .controller_base import REWARD_WEIGHTINGS, RewardWeightController
+from .reward_weighting import lagrangian_update
 
 
 PHASES = ("init", "reflect", "expand", "contract_outside", "contract_inside", "shrink", "done")
@@ -250,6 +252,55 @@ def _number_list(*, positive: bool = False):
 
     check.describe = "list of " + ("numbers > 0" if positive else "numbers") + " or null"
     return check
+
+
+@REWARD_WEIGHTINGS.register(
+    "lagrangian",
+    paper=PAPERS["constrained_rlhf"],
+    description="dual multipliers keeping each mean reward below a threshold",
+    fields=[
+        Field(
+            "lagrange_thresholds",
+            None,
+            "Upper bound θ_k on each mean reward, one per reward function (`null` for unconstrained).",
+            param="thresholds",
+            type=list[float] | None,
+        ),
+        Field("lagrange_lr", 0.01, "Dual step size.", check=number(low=0), param="lr"),
+    ],
+)
+class LagrangianController(RewardWeightController):
+    """Constrained composite rewards: `w_k = b_k (1 - μ_k)` with dual ascent keeping `E[r_k] ≤ θ_k`."""
+
+    adaptive = True
+
+    def __init__(self, base_weights, thresholds=None, lr=0.01):
+        super().__init__(base_weights)
+        k = self.base.numel()
+        if thresholds is None or len(thresholds) != k:
+            raise ValueError(
+                f"reward_weighting='lagrangian' needs `lagrange_thresholds` with one entry per reward function ({k}); "
+                "use null for an unconstrained one."
+            )
+        self.lr = lr
+        self.thresholds = torch.tensor([math.nan if t is None else float(t) for t in thresholds])
+        self.multipliers = torch.zeros(k)
+
+    @property
+    def weights(self):
+        return self.base * (1 - self.multipliers)
+
+    def observe(self, rewards, advantages, num_generations, context):
+        means = torch.nanmean(rewards.float(), dim=0)
+        self.multipliers = lagrangian_update(self.multipliers, means, self.thresholds, self.lr)
+        return {f"lagrangian/mu_{k}": v for k, v in enumerate(self.multipliers.tolist())}
+
+    def state_dict(self):
+        return {"multipliers": self.multipliers}
+
+    def load_state_dict(self, state):
+        self.multipliers = state["multipliers"].float()
+
 
 
 _LAGRANGIAN_FIELDS = REWARD_WEIGHTINGS.get("lagrangian").fields
