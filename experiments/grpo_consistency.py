@@ -54,6 +54,10 @@ both arms, 20 for five seeds. In 1,200 samples of that warm start (held-out, tem
 and a wrong `R` pulls the answer's last digit with it in a quarter of those (13.5% of all: consistent and wrong);
 19% are right answers after a wrong `R`, what the consistency term acts on. So the verifier alone already lowers
 the inconsistency (the pilot: 0.497 -> 0.302), and the claim is the difference the consistency term adds.
+After the criteria above were committed, seed 100 ran once more with both arms, to time a full seed (the warm start
+retrained: its cache key had changed): the verifier arm reproduced its numbers exactly; the consistency arm ended at
+greedy exact match 0.897, sampled consistency 0.832, inconsistency 0.143 (the claim's difference +0.157 on that
+seed); 245 CPU-s in all (warm start 137, arms 55 and 54), 587 s wall on the shared machine.
 
 Command (≤ 25 CPU-minutes in all; each seed cached on its own):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_consistency.py
@@ -92,6 +96,12 @@ PILOT = {
     "end": {"greedy_em": 0.853, "consistent": 0.675, "inconsistent": 0.302},
     "chosen": {"rl_lr": 1e-4, "rl_steps": 700},
     "cpu_s": {"warm_start": 128, "arm": 53},
+    "timing_run": {
+        "when": "after the criteria were committed; both arms, seed 100",
+        "stable_reinforce_end": {"greedy_em": 0.897, "consistent": 0.832, "inconsistent": 0.143},
+        "cpu_s": {"warm_start": 137, "accuracy": 55, "stable_reinforce": 54, "seed": 245},
+        "wall_s": 587,
+    },
 }
 RECIPE = replace(CONTROL, max_completion_length=COMPLETION_LENGTH)
 
@@ -283,6 +293,32 @@ def aggregate(per_seed: dict, sizes: Sizes) -> dict:
         )
         ends = [(r["arms"]["stable_reinforce"]["end"], r["arms"]["accuracy"]["end"]) for r in seeds]
         out["guard"] = rl.t_interval([sr["greedy_em"] - acc["greedy_em"] for sr, acc in ends])
+    out["passed"] = passed(out)
+    if "claim" in out:  # read by experiments/evidence.py like the other RL-testbed experiments' verdicts
+        controls = out["passed"]["control_learns"] and out["passed"]["control_phenomenon"]
+        out["methods"] = {
+            "stable_reinforce_reward": {
+                "family": "reward_function",
+                "arm": "stable_reinforce",
+                "baseline": "accuracy",
+                "effect": out["claim"],
+                "guard": out["guard"],
+                "detection": None,
+                "control_passed": controls,
+                "verdict": verdict(out["passed"]),
+            }
+        }
+    return out
+
+
+def passed(agg: dict) -> dict:
+    """Each pre-registered criterion's outcome (those the arms that ran can decide)."""
+    warm = agg["warm_inconsistent"]
+    out = {"control_phenomenon": bool(warm) and min(warm) >= PHENOMENON}
+    if "accuracy" in agg["arms"]:
+        out["control_learns"] = agg["arms"]["accuracy"]["greedy_em"]["gain"]["ci_low"] > 0
+    if "claim" in agg:
+        out.update(claim=agg["claim"]["ci_low"] > 0, guard=agg["guard"]["mean"] >= GUARD)
     return out
 
 
@@ -296,13 +332,13 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
         c, g = agg["claim"], agg["guard"]
         checks["claim"] = criterion(
             "held-out consistency-rate gain, stable_reinforce − accuracy (paired): 95% interval above 0",
-            c["ci_low"] > 0,
+            agg["passed"]["claim"],
             _values(c),
             f"{sum(v > 0 for v in c['values'])}/{c['n']} seeds above 0",
         )
         checks["guard"] = criterion(
             f"held-out greedy exact match at the end, stable_reinforce − accuracy (paired): mean ≥ {GUARD}",
-            g["mean"] >= GUARD,
+            agg["passed"]["guard"],
             _values(g),
             f"{sum(v >= GUARD for v in g['values'])}/{g['n']} seeds",
         )
@@ -310,26 +346,26 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
         learn = agg["arms"]["accuracy"]["greedy_em"]["gain"]
         checks["control_learns"] = criterion(
             "control: the accuracy arm raises held-out greedy exact match, 95% interval of its gain above 0",
-            learn["ci_low"] > 0,
+            agg["passed"]["control_learns"],
             _values(learn),
             f"{sum(v > 0 for v in learn['values'])}/{learn['n']} seeds",
         )
     warm = agg["warm_inconsistent"]
     checks["control_phenomenon"] = criterion(
         f"control: the warm start's sampled held-out inconsistency rate ≥ {PHENOMENON} on every seed",
-        bool(warm) and min(warm) >= PHENOMENON,
+        agg["passed"]["control_phenomenon"],
         {"mean": statistics.fmean(warm) if warm else None, "min": min(warm) if warm else None},
         f"{sum(v >= PHENOMENON for v in warm)}/{len(warm)} seeds",
     )
     return checks
 
 
-def verdict(checks: dict) -> str:
-    if not (checks.get("control_learns", {}).get("passed") and checks["control_phenomenon"]["passed"]):
+def verdict(passed: dict) -> str:
+    """`replicated` (claim and guard pass, both controls pass), `not replicated` (both controls pass, the claim or
+    the guard fails), `inconclusive` (a control failed, or the arms that ran cannot decide the claim)."""
+    if not (passed.get("control_learns") and passed["control_phenomenon"]) or "claim" not in passed:
         return "inconclusive"
-    if "claim" not in checks:
-        return "inconclusive"
-    return "replicated" if checks["claim"]["passed"] and checks["guard"]["passed"] else "not replicated"
+    return "replicated" if passed["claim"] and passed["guard"] else "not replicated"
 
 
 COLORS = {"accuracy": "black", "stable_reinforce": "tab:red"}
@@ -359,12 +395,12 @@ def plot(result: dict, path: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    agg, checks = result["aggregate"], result["criteria"]
+    agg = result["aggregate"]
     lines = [
         "The judge is a rule that reads the reasoning (the ones digit) and the answer, where the paper's is a model: "
         "a weaker test of the same mechanism.",
         "",
-        f"**Verdict: {verdict(checks)}.**",
+        f"**Verdict: {verdict(agg['passed'])}.**",
         "",
         "| arm | measure (held-out) | start | end | gain (95% CI over seeds) |",
         "|---|---|---|---|---|",
