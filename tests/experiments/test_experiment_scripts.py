@@ -19,6 +19,7 @@ SCRIPTS = [
     "grpo_methods",
     "grpo_off_policy",
     "grpo_reward_design",
+    "grpo_consistency",
     "grpo_smollm2",
     "adapters_sine_unlearning",
     "grpo_length",
