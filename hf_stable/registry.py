@@ -383,6 +383,7 @@ _METHOD_MODULES = (
     "hf_stable.losses.aggregation",
     "hf_stable.losses.policy",
     "hf_stable.losses.reward_control",
+    "hf_stable.losses.jacobian",
     "hf_stable.callbacks.snr_lr",
     "hf_stable.callbacks.declarations",
     "hf_stable.losses.unlearning",
