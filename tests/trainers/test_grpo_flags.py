@@ -89,6 +89,9 @@ ALTERNATIVES = {
     "length_mask_min_ratio": 0.9,
     "length_mask_max_ratio": 2.0,
     "length_mask_fill": -1.0,
+    # Jacobian descent (a Jacobian above 1000 bytes is refused by name)
+    "gradient_aggregation": "upgrad",
+    "jacobian_max_bytes": 1000,
 }
 # Fields that change neither the update nor a refusal: one reason each.
 ALLOWLIST: dict[str, str] = {
@@ -137,6 +140,7 @@ BASES = {
     # the completions beyond 4 tokens are wrong (reward 0): a fill of -1 makes withholding their reward visible
     "length_mask_max_ratio": {"length_mask_fill": -1.0},
     "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 1e-6, **_TWO_STEPS},
+    "gradient_aggregation": {"_rewards": "conflict"},  # the rewards' gradients conflict: UPGrad projects
 }
 # every case of a controller's field runs long enough for its weights to act
 # (on a conflict: correct answers are the rollout's shortest, a reward for length under-serves one objective)
