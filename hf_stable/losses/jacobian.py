@@ -186,11 +186,10 @@ def sum_weights(gramian: torch.Tensor, preference: torch.Tensor) -> torch.Tensor
 
 
 def aggregate(jacobian: torch.Tensor, preference: torch.Tensor, method: str = "upgrad") -> torch.Tensor:
-    """The update `αᵀ J` `(d,)` (fp32) of the Jacobian `(K, d)` under ``method`` (`sum`, `upgrad`, `aligned_mtl`)."""
-    weights = {"sum": sum_weights, "upgrad": upgrad_weights, "aligned_mtl": aligned_mtl_weights}
-    if method not in weights:
-        raise ValueError(f"Unknown gradient_aggregation {method!r}. Valid names: {', '.join(weights)}.")
-    alpha = weights[method](gram(jacobian), preference)
+    """The update `αᵀ J` `(d,)` (fp32) of the Jacobian `(K, d)` under the `gradient_aggregation` ``method`` (`"sum"`
+    or a registered name)."""
+    weights = sum_weights if method == "sum" else GRADIENT_AGGREGATIONS.get(method).fn
+    alpha = weights(gram(jacobian), preference)
     return alpha.to(jacobian.dtype) @ jacobian
 
 
