@@ -129,3 +129,19 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path):
         tmp_path / "ckpt", reward_funcs=CONFLICT, gradient_aggregation="upgrad", gradient_checkpointing=True
     )
     torch.testing.assert_close(checkpointed, plain, rtol=1e-4, atol=1e-6)
+
+
+def test_lora_rows_cover_the_adapter_only(tmp_path, captured):
+    """Under LoRA the Jacobian spans the trainable adapter weights; the weighted sum still gives TRL's update."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    today, _ = grpo_run(tmp_path / "sum", reward_funcs=CONFLICT, peft_config=lora)
+    captured["method"] = "sum"
+    through, trainer = grpo_run(
+        tmp_path / "jd", reward_funcs=CONFLICT, peft_config=lora, gradient_aggregation="upgrad"
+    )
+    n = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    assert captured["jacobians"][0].shape == (2, n) and n < sum(p.numel() for p in trainer.model.parameters()) / 10
+    assert today.abs().max() > 0
+    torch.testing.assert_close(through, today, rtol=1e-5, atol=1e-6)
