@@ -47,6 +47,8 @@ class JacobianDescentMixin:
             problems.append(
                 f"{self.accelerator.num_processes} processes (DDP): the Jacobian rows are not all-reduced; run on one"
             )
+        if self.args.n_gpu > 1:
+            problems.append(f"n_gpu={self.args.n_gpu} (DataParallel): the replicas' rows are not reduced; use one GPU")
         if self.is_deepspeed_enabled:
             stage = self.accelerator.state.deepspeed_plugin.zero_stage
             problems.append(f"DeepSpeed ZeRO-{stage} (`deepspeed`): it owns and shards the gradients")

@@ -145,3 +145,29 @@ def test_lora_rows_cover_the_adapter_only(tmp_path, captured):
     assert captured["jacobians"][0].shape == (2, n) and n < sum(p.numel() for p in trainer.model.parameters()) / 10
     assert today.abs().max() > 0
     torch.testing.assert_close(through, today, rtol=1e-5, atol=1e-6)
+
+
+def test_distributed_and_sharded_setups_are_refused_by_name():
+    """The checks themselves, on a stand-in trainer (launching DDP, DeepSpeed or FSDP is the distributed suite's)."""
+    from types import SimpleNamespace
+
+    def fake(processes=1, n_gpu=1, deepspeed=False, fsdp=False):
+        plugin = SimpleNamespace(zero_stage=3)
+        return SimpleNamespace(
+            accelerator=SimpleNamespace(num_processes=processes, state=SimpleNamespace(deepspeed_plugin=plugin)),
+            args=SimpleNamespace(n_gpu=n_gpu, fp16=False, jacobian_max_bytes=2 << 30),
+            is_deepspeed_enabled=deepspeed,
+            is_fsdp_enabled=fsdp,
+            reward_weights=torch.ones(2),
+            aux_loss_enabled=False,
+        )
+
+    glue.JacobianDescentMixin._refuse_jacobian(fake(), "upgrad", 2, 10)  # one process: runs
+    for setup, message in [
+        ({"processes": 2}, r"2 processes \(DDP\)"),
+        ({"n_gpu": 2}, r"n_gpu=2 \(DataParallel\)"),
+        ({"deepspeed": True}, r"DeepSpeed ZeRO-3 \(`deepspeed`\)"),
+        ({"fsdp": True}, r"FSDP \(`fsdp`\)"),
+    ]:
+        with pytest.raises(ValueError, match=rf"gradient_aggregation='upgrad' cannot run: {message}"):
+            glue.JacobianDescentMixin._refuse_jacobian(fake(**setup), "upgrad", 2, 10)
