@@ -210,11 +210,11 @@ UPGRAD_PAPER = Paper(
 ALIGNED_MTL_PAPER = Paper(
     "aligned_mtl",
     "Independent Component Alignment for Multi-Task Learning",
-    "Dmitry Senushkin and Nikolay Patakin and Arseny Kuznetsov and Anton Konushin",
+    "Senushkin",  # the first author's name as the CVPR 2023 paper's file gives it; co-authors unchecked here
     "2305.19000",
     2023,
     "@misc{aligned_mtl2023,\n  title         = {Independent Component Alignment for Multi-Task Learning},\n"
-    "  author        = {Dmitry Senushkin and Nikolay Patakin and Arseny Kuznetsov and Anton Konushin},\n"
+    "  author        = {Senushkin and others},\n"
     "  year          = {2023},\n  eprint        = {2305.19000},\n  archivePrefix = {arXiv}\n}",
 )
 
