@@ -33,6 +33,8 @@ ALTERNATIVES = {
     "oblr_adaptive_lr": True,
     "delta_l_alpha": 1.0,
     "advantage_filter_sigma": 3.0,
+    "gradient_aggregation": "upgrad",
+    "jacobian_max_bytes": 1000,  # a Jacobian above 1000 bytes is refused by name
     # shared by the success-counting methods
     "correctness_reward_index": 1,
     "success_threshold": -1.0,
@@ -89,9 +91,6 @@ ALTERNATIVES = {
     "length_mask_min_ratio": 0.9,
     "length_mask_max_ratio": 2.0,
     "length_mask_fill": -1.0,
-    # Jacobian descent (a Jacobian above 1000 bytes is refused by name)
-    "gradient_aggregation": "upgrad",
-    "jacobian_max_bytes": 1000,
 }
 # Fields that change neither the update nor a refusal: one reason each.
 ALLOWLIST: dict[str, str] = {
@@ -109,6 +108,7 @@ BASES = {
     "reward_weighting": {"_rewards": "conflict", **_THREE_STEPS},
     "delta_l_alpha": {"loss_type": "dr_grpo"},
     "oblr_adaptive_lr": {"gradient_accumulation_steps": 2},
+    "gradient_aggregation": {"_rewards": "conflict"},  # the rewards' gradients conflict: UPGrad projects
     "correctness_reward_index": {"correctness_reward_index": 0},
     "drpo_delta": _OFF_POLICY,
     "drpo_beta": _OFF_POLICY,
@@ -140,7 +140,6 @@ BASES = {
     # the completions beyond 4 tokens are wrong (reward 0): a fill of -1 makes withholding their reward visible
     "length_mask_max_ratio": {"length_mask_fill": -1.0},
     "oblr_snr_params": {"gradient_accumulation_steps": 2, "oblr_lr_min_ratio": 1e-6, **_TWO_STEPS},
-    "gradient_aggregation": {"_rewards": "conflict"},  # the rewards' gradients conflict: UPGrad projects
 }
 # every case of a controller's field runs long enough for its weights to act
 # (on a conflict: correct answers are the rollout's shortest, a reward for length under-serves one objective)
