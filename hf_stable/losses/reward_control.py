@@ -24,6 +24,7 @@ import torch
 from .._validation import boolean, check_int, integer, number
 from ..papers import PAPERS
 from ..registry import Field, Registry
+from . import jacobian as _jacobian  # noqa: F401  (registers `gradient_aggregation`, the other multi-reward family)
 from .controller_base import REWARD_WEIGHTINGS, RewardWeightController, StepContext, _per_reward
 from .lagrangian import LagrangianController, LagrangianSearchController
 from .pama import PAMAController

@@ -35,6 +35,7 @@ from ..rewards.stable_rank import INTRINSIC_REWARDS
 from ..stability.config import GRPO_GUARD_DEFAULTS
 from . import _grpo_buffer
 from ._base import StableTrainerBase
+from ._jacobian import JacobianDescentMixin
 from .grpo_config import GRPO_REGISTRIES, StableGRPOConfig
 from .loss_inputs import LossModeInputsMixin
 
@@ -58,7 +59,7 @@ _EXTRA_FORWARD_KEYS = (
 )
 
 
-class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, GRPOTrainer):
+class StableGRPOTrainer(StableTrainerBase, LossModeInputsMixin, JacobianDescentMixin, GRPOTrainer):
     """TRL's [`~trl.GRPOTrainer`] with the advantage estimators, loss modes, reward controllers and transforms of
     [`StableGRPOConfig`]. Same arguments as `GRPOTrainer`.
 

@@ -10,6 +10,7 @@ from trl import GRPOConfig
 from ..callbacks.snr_lr import LR_SCALING
 from ..losses.advantages import ADVANTAGE_ESTIMATORS
 from ..losses.aggregation import LOSS_AGGREGATIONS
+from ..losses.jacobian import GRADIENT_AGGREGATIONS
 from ..losses.length_mask import LENGTH_MASKS
 from ..losses.policy import LOSS_MODES
 from ..losses.reward_control import REWARD_TRANSFORMS, REWARD_WEIGHTINGS
@@ -31,6 +32,7 @@ GRPO_REGISTRIES = (
     LR_SCALING,
     ADVANTAGE_FILTERS,
     LENGTH_MASKS,
+    GRADIENT_AGGREGATIONS,
 )
 
 
@@ -78,6 +80,10 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
             Length-conditional reward masking (BalCapRL, arXiv 2605.07394): these reward columns are withheld
             (`length_mask_fill`) from completions whose length ratio to `length_mask_reference` leaves
             [`length_mask_min_ratio`, `length_mask_max_ratio`]. `None`: off.
+        gradient_aggregation (`str`, *optional*, defaults to `"sum"`):
+            `"sum"` (TRL's scalarised loss), `"upgrad"` (Jacobian descent, arXiv 2406.16232) or `"aligned_mtl"`
+            (arXiv 2305.19000): one policy gradient per reward function, aggregated so that no reward's is opposed.
+            Memory: K × (trainable parameters) × 4 bytes, refused above `jacobian_max_bytes`.
     """
 
     advantage_estimator: str = field(
@@ -102,6 +108,10 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     )
     length_mask_rewards: list[int] | None = field(
         default=None, metadata={"help": "Reward columns withheld outside the length band (BalCapRL); None: off."}
+    )
+
+    gradient_aggregation: str = field(
+        default="sum", metadata={"help": "Per-reward gradient aggregator: 'sum', 'upgrad' or 'aligned_mtl'."}
     )
 
     def __post_init__(self):

@@ -33,6 +33,8 @@ ALTERNATIVES = {
     "oblr_adaptive_lr": True,
     "delta_l_alpha": 1.0,
     "advantage_filter_sigma": 3.0,
+    "gradient_aggregation": "upgrad",
+    "jacobian_max_bytes": 1000,  # a Jacobian above 1000 bytes is refused by name
     # shared by the success-counting methods
     "correctness_reward_index": 1,
     "success_threshold": -1.0,
@@ -110,6 +112,7 @@ BASES = {
     "reward_weighting": {"_rewards": "conflict", **_THREE_STEPS},
     "delta_l_alpha": {"loss_type": "dr_grpo"},
     "oblr_adaptive_lr": {"gradient_accumulation_steps": 2},
+    "gradient_aggregation": {"_rewards": "conflict"},  # the rewards' gradients conflict: UPGrad projects
     "correctness_reward_index": {"correctness_reward_index": 0},
     "drpo_delta": _OFF_POLICY,
     "drpo_beta": _OFF_POLICY,
