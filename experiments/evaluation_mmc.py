@@ -25,23 +25,34 @@ Design.
   reaches it (censored, which understates the saving).
 * Effect per seed (paired, same problems and streams): saved = n − MMC's mean draws; 95% Student-t interval over the 5
   seeds (4 degrees of freedom, t = 2.776).
-* Seeds 0-4. Pilot on seed 100 only, rule fixed before it: e_fix(1) ≥ 0.10 (one answer is often not the mode) and
-  MMC certifies ≥ 30% of problem-streams (there are easy problems). The first setting tried (pretrain 600 steps,
-  temperature 1) met it: e_fix(1) 0.39, 88% certified, modes with probability 0.33-0.87 (`PILOT` in the JSON
-  config). The pilot also gave MMC 71 mean draws against n_same 202 and n_alpha 24: criterion (c) below is expected
-  to fail and is reported, not claimed.
+* Seeds 0-4. Pilot seeds 100-102 only, rule fixed before any pilot: e_fix(1) ≥ 0.10 (one answer is often not the
+  mode) and MMC certifies ≥ 30% of problem-streams (there are easy problems), on every pilot seed (`PILOT` in the JSON
+  config).
+* History (disclosed): the first design pretrained for 600 steps, chosen on pilot seed 100 alone (greedy exact match
+  on T 0.97, e_fix(1) 0.39, 88% certified, MMC 71 mean draws, n_same 202, n_alpha 24). On seeds 0-4 the 600-step
+  models had not learned addition (greedy exact match 0.11-0.20, where seed 100's had: when the model learns it
+  depends on the seed), e_fix(1) 0.82-0.90, MMC certified 0-5% of streams and spent the budget (249-256 mean
+  draws) with certificate error 0 on every seed; n_same 241-256, so (b) failed on 5/5 seeds, (c) on 3/5; the
+  lead-by-1 control erred 0.82-0.90 (commit 9e22bdd, 260 CPU-seconds, not kept). That testbed was outside the pilot
+  rule (it fails "certifies ≥ 30%"), so the design was changed to the testbed's default pretraining (2500 steps, as
+  the other arithmetic experiments use) with the rule checked on three pilot seeds, and rerun on seeds 0-4 unchanged
+  otherwise; the criteria below are the first design's, word for word. At 2500 steps the models are sure (exact
+  match 1.0): temperatures 1 and 1.5 fail the rule (e_fix(1) ≤ 0.035), temperature 2 meets it (e_fix(1) 0.16-0.20,
+  all streams certified) and is kept. On those pilots MMC drew 15 answers on average against n_same 8-11: (b) is
+  expected to fail on this testbed, whose problems are all easy (MMC cannot certify before 9 draws at α = 0.05).
 
 Pass criteria (pre-registered before the run on seeds 0-4; printed PASS/FAIL as measured):
   (a) CLAIM valid: MMC's certificate error ≤ α on every seed;
   (b) CLAIM fewer draws at the same error: n_same − MMC's mean draws, seed mean > 0 and 95% interval above 0;
   (c) REPORTED (not the paper's claim): fewer draws than the fixed n whose error averaged over problems is ≤ α:
       n_alpha − MMC's mean draws, seed mean > 0 and 95% interval above 0. MMC guarantees α on every problem, a
-      fixed n tuned on the truth only on average, so MMC is expected to lose here;
+      fixed n tuned on the truth only on average, so MMC is expected to lose here (it did on the first pilot);
   (d) CONTROL that must fail (criterion passes when it does): the lead-by-1 rule's certificate error > α on every
       seed: the error measurement can see an invalid rule;
   (e) CONTROL: the testbed is not trivial: e_fix(1) ≥ 0.10 on every seed.
 
-Command (~40 CPU-seconds per seed, 30 of them pretraining and sampling; ~3.5 CPU-minutes for the 5 seeds):
+Command (~2.5 CPU-minutes per seed, 2 of them pretraining, cached per seed under experiments/cache/evaluation_mmc;
+~12 CPU-minutes for the 5 seeds):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/evaluation_mmc.py
 Quick smoke run (< 60 s, 1 seed, tiny sizes; its pass/fail means nothing):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/evaluation_mmc.py --quick --out /tmp/evaluation_mmc
@@ -63,20 +74,27 @@ NAME = "evaluation_mmc"
 T_975 = {2: 4.303, 3: 3.182, 4: 2.776}  # two-sided 95% Student-t quantiles by degrees of freedom
 NONTRIVIAL = 0.10  # (e)
 PILOT = {
-    "seed": 100,
-    "rule": "e_fix(1) >= 0.10 and MMC certifies >= 30% of problem-streams",
-    "pretrain600_temperature1": {"e_fix_1": 0.392, "certified": 0.879, "mmc_draws": 70.9, "n_same": 202,
-                                 "n_alpha": 24, "cert_wrong": 0.0},
-    "decision": "pretrain 600 steps, temperature 1 (the first setting tried met the rule)",
+    "seeds": [100, 101, 102],
+    "rule": "e_fix(1) >= 0.10 and MMC certifies >= 30% of problem-streams, every pilot seed; temperatures tried in "
+    "the order 1, 1.5, 2, 3, the first that meets the rule is kept",
+    "first_design_seed100_pretrain600_t1": {"e_fix_1": 0.392, "certified": 0.879, "mmc_draws": 70.9, "n_same": 202,
+                                            "n_alpha": 24},
+    "pretrain2500_t1": {"e_fix_1": [0.001, 0.002, 0.0], "certified": [1.0, 1.0, 1.0], "mmc_draws": [9.1, 9.1, 9.1],
+                        "n_same": [3, 3, 3], "n_alpha": [1, 1, 1]},
+    "pretrain2500_t1.5": {"e_fix_1": [0.035, 0.035, 0.027], "certified": [1.0, 1.0, 1.0],
+                          "mmc_draws": [10.1, 10.3, 10.0], "n_same": [4, 5, 4], "n_alpha": [1, 1, 1]},
+    "pretrain2500_t2": {"e_fix_1": [0.2, 0.196, 0.163], "certified": [1.0, 1.0, 1.0], "mmc_draws": [15.4, 15.9, 14.6],
+                        "n_same": [9, 11, 8], "n_alpha": [4, 4, 3]},
+    "decision": "pretrain 2500 steps, temperature 2 (the first meeting the rule); on it MMC drew more than n_same",
 }
 
 
 @dataclass(frozen=True)
 class Sizes(arithmetic.Sizes):
-    pretrain_steps: int = 600
+    pretrain_steps: int = 2500
     num_problems: int = 60
     answers_per_problem: int = 400
-    temperature: float = 1.0
+    temperature: float = 2.0
     reps: int = 40
     budget: int = 256
     alpha: float = 0.05
@@ -281,6 +299,7 @@ EXPERIMENT = declare(
     ),
     config={"pilot": PILOT, "t_975": T_975, "nontrivial": NONTRIVIAL},
     default_seeds=(0, 1, 2, 3, 4),
+    size_flags={"--temperature": {"type": float, "help": "sampling temperature of the answers (pilot)"}},
 )
 
 
