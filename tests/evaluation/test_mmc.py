@@ -261,7 +261,12 @@ def test_model_helper_reuses_map_eval_sampling():
 
 
 def test_registered_with_its_paper():
-    from hf_stable.registry import get_registry
+    import io
+
+    from hf_stable.registry import get_registry, list_methods
 
     method = get_registry("evaluation").get("mmc")
     assert method.fn is certify_majority and method.paper is MMC_PAPER and MMC_PAPER.arxiv == "2510.17472"
+    out = io.StringIO()
+    assert "mmc" in list_methods("evaluation", file=out)["evaluation"]
+    assert "https://arxiv.org/abs/2510.17472" in out.getvalue()
