@@ -5,6 +5,7 @@ transformers/TRL trainer, so that `hf-stable list` shows them with their papers.
 
 from __future__ import annotations
 
+from ..evaluation.mmc import MMC_PAPER, certify_majority
 from ..papers import PAPERS
 from ..registry import Registry
 from .map_eval import MAP_PAPER, MaPCallback
@@ -64,5 +65,16 @@ EVALUATION_METHODS.register(
         "from the paper's abstract (uniform mean and Chen et al.'s pass@k estimator are our reading)."
     ),
 )(MaPCallback)
+
+EVALUATION_METHODS.register(
+    "mmc",
+    paper=MMC_PAPER,
+    description=(
+        "certify_majority(sample_answer, alpha=0.05, max_samples=256) or certify_model_answer(model, tokenizer, "
+        "prompt): draw answers until the Martingale Majority Certificate holds, P(certifying an answer that is not "
+        "the unique mode) <= alpha at any stopping. Reconstructed from the paper's abstract (the statistic, a "
+        "Uniform[1/2,1]-mixture leader-vs-runner-up e-process weighted by first appearance, is ours)."
+    ),
+)(certify_majority)
 
 __all__ = ["EVALUATION_METHODS", "STABILITY_MONITORS", "STABILITY_OPTIMIZERS"]

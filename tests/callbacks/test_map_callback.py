@@ -166,7 +166,7 @@ def test_listed_under_evaluation_with_its_paper():
     method = get_registry("evaluation").get("map")
     assert method.fn is MaPCallback and method.paper is MAP_PAPER and MAP_PAPER.arxiv == "2510.09295"
     out = io.StringIO()
-    assert list_methods("evaluation", file=out) == {"evaluation": ["map"]}
+    assert list_methods("evaluation", file=out) == {"evaluation": ["map", "mmc"]}
     assert "https://arxiv.org/abs/2510.09295" in out.getvalue()
 
 
