@@ -115,7 +115,9 @@ ROWS = (
     R("advantage_filter", "sigma_filter", "dropping advantages beyond 3 sigma stabilises RL", "grpo_off_policy",
       verdicts=("sigma_filter",)),
     R("reward_function", "stable_reinforce_reward", "the consistency term makes the policy's reasoning agree with "
-      "its answer", why="needs a judge model and free-text reasoning; the RL testbed has neither"),
+      "its answer", "grpo_consistency", verdicts=("stable_reinforce_reward",),
+      why="the judge is a rule that reads a one-digit reasoning (the ones digit of the sum) where the paper's is a "
+      "model reading free text: a weaker test of the same mechanism"),
     R("loss_mode", "ess", "the ESS-adaptive loss uses off-policy data stably", "grpo_off_policy",
       verdicts=("ess",)),
     R("intrinsic_reward", "stable_rank", "stable rank as an intrinsic reward improves alignment without labels",
@@ -142,6 +144,14 @@ ROWS = (
     R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation", "grpo_reward_design",
       verdicts=("lagrangian",), also=("grpo_smollm2",), why="not confirmed in one 40-step run on "
       "SmolLM2-135M-Instruct (grpo_smollm2: +0.075 [-0.008, +0.158] over held-out problems)"),
+    R("reward_weighting", "lagrangian_search", "the threshold search stops reward over-optimisation without "
+      "hand-set thresholds", "grpo_reward_design", verdicts=("lagrangian_search",)),
+    R("reward_weighting", "pama", "PAMA's closed-form weights end undominated by a static sum", "grpo_multi_objective",
+      claim=("pama",)),
+    R("gradient_aggregation", "upgrad", "UPGrad's conflict-free update ends undominated by a static sum",
+      "grpo_multi_objective", claim=("upgrad",)),
+    R("gradient_aggregation", "aligned_mtl", "Aligned-MTL's aligned update ends undominated by a static sum",
+      "grpo_multi_objective", claim=("aligned_mtl",)),
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
@@ -184,6 +194,10 @@ ROWS = (
     R("evaluation", "map", "merging the last checkpoints and scoring pass@k gives smoother curves and a smaller gap "
       "between runs than one checkpoint's greedy accuracy", "map_eval", claim=("a", "b"), controls=("c", "d"),
       why="smoother curves shown (a); the gap between two runs was lower on 5/5 seeds but its interval reaches 0 (b)"),
+    R("evaluation", "mmc", "the Martingale Majority Certificate keeps its error <= alpha and draws fewer answers "
+      "than a fixed-n majority vote of the same error", "evaluation_mmc", claim=("a", "b"), controls=("d", "e"),
+      why="error 0 <= alpha on 5/5 seeds; fewer draws only where answers are spread (seed 4: 101 vs 206), more on "
+      "easy problems (16 vs 9-10), where MMC cannot stop before 9 draws"),
     # stability
     R("stability_optimizer", "stable_spam", "Stable-SPAM damps a gradient spike before it lands, at no cost on a "
       "clean run", "stability_spam", claim=("S2", "S4"), controls=("S1",)),

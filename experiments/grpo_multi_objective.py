@@ -38,6 +38,12 @@ Design.
     inner products over the package's default `drw_target_params` (since the regeneration, the last transformer
     block's parameters; every parameter when μ was calibrated), so the same μ now gives smaller steps (first
     logged scores ≈ 6-30 instead of ≈ 57); μ is kept as pre-registered.
+* Later arms (added with their methods, criteria written here before their first run, same warm start, seeds and
+  LR as the others):
+  - `pama`: `reward_weighting="pama"` at its defaults (He & Maghsudi, arXiv 2508.07768; weights reconstructed);
+  - `upgrad`, `aligned_mtl`: `gradient_aggregation="upgrad"` / `"aligned_mtl"` (Jacobian descent, arXiv 2406.16232;
+    Aligned-MTL, arXiv 2305.19000): one policy gradient per reward, aggregated so that neither is opposed.
+  Each has its own criterion, the one below applied to that arm alone; criterion (a) keeps its four arms.
 * Metrics every `eval_every` steps on the test prompts, 4 samples per prompt at temperature 1 (the policy the methods
   optimise; fixed evaluation RNG shared by all arms): the mean of each reward. Greedy means at the end; the weights
   (and the hypervolume multiplier) from the trainer logs.
@@ -78,19 +84,23 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _harness import declare, fmt, mean_std, run, save_figure, subplots
+from _harness import criterion, declare, fmt, mean_std, run, save_figure, subplots
 from testbeds import tiny_trl
 
 
 NAME = "grpo_multi_objective"
-ARMS = ("static", "dvao", "ctwa", "hypervolume", "gradient")
-ADAPTIVE = ARMS[1:]
+ARMS = ("static", "dvao", "ctwa", "hypervolume", "gradient", "pama", "upgrad", "aligned_mtl")
+ADAPTIVE = ARMS[1:5]  # criterion (a), registered before the later arms were added
+LATER = ARMS[5:]  # each with its own criterion, pre-registered before their first run
 LABELS = {
     "static": "static weighted sum",
     "dvao": "DVAO",
     "ctwa": "CTWA",
     "hypervolume": "hypervolume multiplier",
     "gradient": "gradient weighting",
+    "pama": "PAMA",
+    "upgrad": "UPGrad",
+    "aligned_mtl": "Aligned-MTL",
 }
 COLORS = {
     "static": "black",
@@ -98,6 +108,9 @@ COLORS = {
     "ctwa": "tab:green",
     "hypervolume": "tab:orange",
     "gradient": "tab:purple",
+    "pama": "tab:brown",
+    "upgrad": "tab:blue",
+    "aligned_mtl": "tab:cyan",
 }
 OBJECTIVES = ("correctness", "even_ending")
 MAX_OPERAND = 49
@@ -257,6 +270,9 @@ def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
             "drw_regularization": sizes.drw_regularization,
             "drw_every_n_steps": sizes.drw_every_n_steps,
         },
+        "pama": {"reward_weighting": "pama"},
+        "upgrad": {"gradient_aggregation": "upgrad"},
+        "aligned_mtl": {"gradient_aggregation": "aligned_mtl"},
     }[arm]
     return tiny_trl.grpo_config(output_dir, seed, sizes, MAX_COMPLETION, reward_weights=BASE_WEIGHTS, **extra)
 
@@ -424,6 +440,22 @@ def verdicts(per_seed: dict, agg: dict, arms: list[str]) -> dict:
         "static": dict(zip(OBJECTIVES, static, strict=True)),
         "methods": methods,
     }
+
+
+def later_criteria(a: dict) -> dict:
+    """Criterion (a) over the first four adaptive arms, and for each later arm the same test on its own: both
+    objectives ≥ static − `TOLERANCE` and one > static (seed means)."""
+    out = {"a": a}
+    for arm in LATER:
+        method = a.get("methods", {}).get(arm)
+        if method is not None:
+            out[arm] = criterion(
+                f"{arm}: both objectives ≥ static − {TOLERANCE} and one > static (seed means)",
+                method["passes"],
+                {"relation": method["relation"], "delta": method["delta"]},
+                per_seed=f"{method['per_seed_passes']}/{len(method['per_seed_relations'])} seeds",
+            )
+    return out
 
 
 def plot(per_seed: dict, agg: dict, path: Path) -> None:
@@ -602,7 +634,7 @@ EXPERIMENT = declare(
     "weighted sum on two conflicting rewards (arXiv 2605.25604, 2602.06869, 2509.11452).",
     run_seed=lambda seed, sizes: run_seed(seed, sizes, list(ARMS), WARM_SEED),
     aggregate=lambda per_seed, sizes: aggregate(per_seed, list(ARMS)),
-    criteria=lambda per_seed, agg, sizes: {"a": verdicts(per_seed, agg, list(ARMS))},
+    criteria=lambda per_seed, agg, sizes: later_criteria(verdicts(per_seed, agg, list(ARMS))),
     plot=lambda result, path: plot(result["per_seed"], result["aggregate"], path),
     config={
         "warm_seed": WARM_SEED,

@@ -22,6 +22,11 @@ Methods and claims:
   score; about 0.87), the verifier unconstrained, dual step `LAGRANGE_LR` = 0.1 (the default 0.01 moves μ by at most
   about 0.001 a step at the violations this proxy allows, too slow to act within 700 steps; chosen before running).
   Claim: `lagrangian` − `static`, interval above 0.
+* `lagrangian_search` (the same paper's threshold search, NM-PPO): the proxy's threshold is not hand-set but found
+  during the run by Nelder–Mead on a held-out score (the verifier again, at weight 0, on greedy completions of the
+  first 32 RL prompts, every 35 steps; `SEARCH`), starting from the simplex {0.5, 1.0} inside [0, 1] (1.0 leaves the
+  proxy unconstrained). Added after the arms above had run (pre-registered here before its first run). Claim:
+  `lagrangian_search` − `static`, interval above 0 (same detection control as `lagrangian`).
 * `length_conditional` (BalCapRL, Ye et al., arXiv 2605.07394): withholding the proxy from completions longer than
   the reference (`length_mask_max_ratio` 1.0; the reference is the true answer's length plus the eos, a dataset
   column) is a better length control than the linear proxy. Claim: `length_mask` − `static`, interval above 0.
@@ -57,6 +62,9 @@ PROXY_WEIGHT = 5.0
 HEAD_FLIP = 0.3
 HEADS = 3
 LAGRANGE_LR = 0.1
+# lagrangian_search: the proxy's threshold starts at 0.5 with a second vertex at 1.0 (no constraint: the proxy is at
+# most 1), bounded to [0, 1]; one proposal per validation, every 35 of the 700 steps (20 evaluations), on 32 prompts
+SEARCH = {"start": 0.5, "step": 0.5, "eval_every": 35, "val_size": 32}
 PROXY = "length_reward"
 
 PROXY_ARM = {"rewards": "proxy", "overrides": {"reward_weights": [1.0, PROXY_WEIGHT]}}
@@ -66,6 +74,7 @@ ARMS = {
     "grpo": None,
     "static": PROXY_ARM,
     "lagrangian": {**PROXY_ARM, "lagrangian": True},
+    "lagrangian_search": {**PROXY_ARM, "search": True},
     "length_mask": {
         **PROXY_ARM,
         "column": True,
@@ -85,6 +94,7 @@ ARMS = {
 # method (as `hf-stable list` names it) -> (family, arm, baseline arm, detection (arm, baseline))
 CLAIMS = {
     "lagrangian": ("reward_weighting", "lagrangian", "static", ("static", "grpo")),
+    "lagrangian_search": ("reward_weighting", "lagrangian_search", "static", ("static", "grpo")),
     "length_conditional": ("length_mask", "length_mask", "static", ("static", "grpo")),
     "brme": ("reward_transform", "brme", "ens_mean", ("ens_mean", "grpo")),
     "stable_rank": ("intrinsic_reward", "stable_rank", None, None),
@@ -106,6 +116,15 @@ def length_proxy(max_length: int):
         return [len(ids) / max_length for ids in completion_ids]
 
     return length_reward
+
+
+def held_out_verifier(verifier):
+    """The verifier again, under its own name, at weight 0: the score the threshold search maximises."""
+
+    def heldout_exact(**kwargs) -> list[float]:
+        return verifier(**kwargs)
+
+    return heldout_exact
 
 
 def reference_length(row: dict) -> dict:
@@ -137,8 +156,23 @@ def arm_run(seed: int, sizes: Sizes, name: str) -> dict:
             lagrange_thresholds=[None, proxy_threshold(seed, recipe)],
             lagrange_lr=LAGRANGE_LR,
         )
+    if spec.get("search"):
+        overrides.update(
+            reward_weighting="lagrangian_search",
+            reward_weights=[1.0, PROXY_WEIGHT, 0.0],
+            lagrange_thresholds=[None, SEARCH["start"], None],
+            lagrange_lr=LAGRANGE_LR,
+            lagrange_search_objective=2,
+            lagrange_search_low=[None, 0.0, None],
+            lagrange_search_high=[None, 1.0, None],
+            lagrange_search_step=[None, SEARCH["step"], None],
+            lagrange_search_eval_every=max(1, min(SEARCH["eval_every"], recipe.rl_steps // 2)),
+            lagrange_search_val_size=SEARCH["val_size"],
+        )
     if spec["rewards"] == "proxy":
         rewards = [rl.make_reward(seed, recipe), length_proxy(recipe.max_completion_length)]
+        if spec.get("search"):
+            rewards.append(held_out_verifier(rl.make_reward(seed, recipe)))
     elif spec["rewards"] == "heads":
         rewards = heads(seed)
     else:

@@ -63,8 +63,8 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
             `"stable_reinforce"`: PPO-clip on the pre-clipped ratio (StableReinforce, arXiv 2505.02835), with TRL's
             PPO options.
         reward_weighting (`str`, *optional*, defaults to `"static"`):
-            `"static"`, `"hypervolume"`, `"gradient"` (both arXiv 2509.11452), `"ctwa"` (arXiv 2602.06869) or
-            `"lagrangian"` (arXiv 2310.04373).
+            `"static"`, `"hypervolume"`, `"gradient"` (both arXiv 2509.11452), `"ctwa"` (arXiv 2602.06869),
+            `"lagrangian"`, `"lagrangian_search"` (both arXiv 2310.04373) or `"pama"` (arXiv 2508.07768).
         robust_reward (`str`, *optional*):
             `"brme"`: the reward functions in `brme_heads` become one robust reward `λ·mean + (1-λ)·min` (arXiv
             2409.15360), in the first head's column.
@@ -98,7 +98,10 @@ class StableGRPOConfig(TokenFreeConfigMixin, GRPOStabilityConfigMixin, GRPOConfi
     )
     reward_weighting: str = field(
         default="static",
-        metadata={"help": "Reward-weight controller: 'static', 'hypervolume', 'gradient', 'ctwa' or 'lagrangian'."},
+        metadata={
+            "help": "Reward-weight controller: 'static', 'hypervolume', 'gradient', 'ctwa', 'lagrangian', "
+            "'lagrangian_search' or 'pama'."
+        },
     )
     robust_reward: str | None = field(default=None, metadata={"help": "Reward transform: None or 'brme'."})
     stable_rank_reward: bool = field(default=False, metadata={"help": "Append the SR-GRPO stable-rank reward."})

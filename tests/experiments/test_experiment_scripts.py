@@ -20,6 +20,7 @@ SCRIPTS = [
     "grpo_off_policy",
     "grpo_reward_design",
     "grpo_consistency",
+    "evaluation_mmc",
     "grpo_smollm2",
     "adapters_sine_unlearning",
     "grpo_length",
