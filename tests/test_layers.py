@@ -36,6 +36,7 @@ LAYERS = (
         "core",
         (
             "hf_stable._adapter_variants",
+            "hf_stable._files",
             "hf_stable._validation",
             "hf_stable._version",
             "hf_stable.cards",

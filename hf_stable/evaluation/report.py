@@ -9,21 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 
-
-def _atomic_write(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+from .._files import write_text_atomic
 
 
 def _clean(value):
@@ -62,9 +49,9 @@ def write_report(output_dir: str, benchmark: str, logs: dict, summary: dict, set
         "summary": os.path.join(output_dir, f"{name}_SUMMARY.json"),
         "markdown": os.path.join(output_dir, f"{name}_SUMMARY.md"),
     }
-    _atomic_write(paths["eval"], json.dumps(_clean(logs), indent=1, sort_keys=True))
-    _atomic_write(paths["summary"], json.dumps(_clean(summary), indent=1))
-    _atomic_write(paths["markdown"], summary_markdown(name, _clean(summary), _clean(settings)))
+    write_text_atomic(paths["eval"], json.dumps(_clean(logs), indent=1, sort_keys=True))
+    write_text_atomic(paths["summary"], json.dumps(_clean(summary), indent=1))
+    write_text_atomic(paths["markdown"], summary_markdown(name, _clean(summary), _clean(settings)))
     return paths
 
 

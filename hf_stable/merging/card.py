@@ -24,6 +24,7 @@ from typing import Any
 
 from huggingface_hub import ModelCardData
 
+from .._files import write_text_atomic
 from .resolve import is_hub_id, split_revision
 
 
@@ -318,14 +319,4 @@ def merge_model_card(
 
 def write_merge_card(folder: str | os.PathLike, card_text: str) -> str:
     """Write ``card_text`` to ``folder/README.md`` atomically (temporary file, then rename); returns the path."""
-    path = os.path.join(os.fspath(folder), CARD_FILE)
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(card_text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_text_atomic(os.path.join(os.fspath(folder), CARD_FILE), card_text)

@@ -29,6 +29,8 @@ from typing import Any, TextIO
 
 import torch
 
+from .._files import write_text_atomic
+
 
 def normalized_weights(weights, n: int) -> torch.Tensor:
     """`α` (n,) float64 summing to one: `weights / Σ weights` (uniform when ``weights`` is None).
@@ -489,13 +491,7 @@ def print_table(diagnostics: Mapping[str, Any], *, file: TextIO | None = None, t
 
 def to_json(diagnostics: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Write ``diagnostics`` to ``path`` as JSON (atomically: temporary file, then rename); returns the path."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(_jsonable(diagnostics), f, indent=1, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(_jsonable(diagnostics), indent=1, allow_nan=False) + "\n")
 
 
 def _jsonable(value):

@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+from hf_stable._files import write_text_atomic
+
 
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
@@ -117,12 +119,7 @@ def run(args) -> dict:
 
 
 def _write_json(path: str, result: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(result, indent=2))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
