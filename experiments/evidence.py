@@ -50,6 +50,7 @@ FAMILY_PAGE = {
     "reward_function": "grpo.md",
     "reward_transform": "grpo.md",
     "reward_weighting": "grpo.md",
+    "gradient_aggregation": "grpo.md",
     "sft_objective": "sft.md",
     "sft_threshold": "sft.md",
     "sft_sample_reweighting": "sft.md",
