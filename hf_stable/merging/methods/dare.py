@@ -34,11 +34,6 @@ from .base import _per_model, merge_method
 from .ties import GeneralizedTaskArithmetic
 
 
-def dare_keep(n_models: int, densities, tensor_name: str, offset: int, n: int, seed: int):
-    """Per-model `(n,)` bool keep masks for elements `offset … offset+n−1` (None where density ≥ 1)."""
-    return [None if d >= 1.0 else rng.keep_mask(seed, i, tensor_name, offset, n, d) for i, d in enumerate(densities)]
-
-
 _SORT_KEY = {8: torch.int64, 4: torch.int32, 2: torch.int16}
 
 
@@ -68,6 +63,20 @@ def della_thresholds(magnitude: torch.Tensor, row_len: int, density: float, epsi
     return thresholds.reshape(-1)
 
 
+MASK_CACHE_BYTES = 64 << 20  # per tensor: the keep masks (one byte per entry and model) kept between the passes
+
+
+class _Sums(list):
+    """Per model `[‖τ_i‖₁, ‖kept τ_i‖₁]` of one tensor (`l1_factors`), and the keep masks its L1 pass drew, by
+    (model, piece offset, piece length), for the combine of the same pieces: the masks are drawn once, not twice
+    (DELLA's per-row sort is most of its time). Masks past `MASK_CACHE_BYTES` are drawn again, with the same bits."""
+
+    def __init__(self, n_models: int):
+        super().__init__([0.0, 0.0] for _ in range(n_models))
+        self.masks: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.mask_bytes = 0
+
+
 class _RandomMethod(GeneralizedTaskArithmetic):
     default_normalize = False
     default_rescale = True
@@ -77,6 +86,33 @@ class _RandomMethod(GeneralizedTaskArithmetic):
 
     def _dens(self, p, n_models):
         return _per_model(p["density"], n_models, "density", self.name)
+
+    def new_sums(self, n_models):
+        return _Sums(n_models)
+
+    def accumulate(self, sums, v, weights, params, **kw):
+        super().accumulate(sums, v, weights, params, masks=(sums, True), **kw)
+
+    def combine(self, v, weights, params, *, sums=None, **kw):
+        return super().combine(v, weights, params, sums=sums, masks=(sums, False), **kw)
+
+    def keep(self, i, offset, n, masks, draw):
+        """Model i's `(n,)` bool keep mask of the piece at `offset`: `draw()`, or the one the L1 pass drew (`masks`:
+        `(sums, store)` — the L1 pass stores, the combine takes)."""
+        sums, store = masks if masks is not None else (None, False)
+        cache = getattr(sums, "masks", None)
+        if cache is None:
+            return draw()
+        key = (i, offset, n)
+        if not store and key in cache:
+            mask = cache.pop(key)
+            sums.mask_bytes -= mask.numel()
+            return mask
+        mask = draw()
+        if store and sums.mask_bytes + n <= MASK_CACHE_BYTES:
+            cache[key] = mask
+            sums.mask_bytes += n
+        return mask
 
 
 class _DareMethod(_RandomMethod):
@@ -98,9 +134,16 @@ class _DareMethod(_RandomMethod):
                 "rescale: true or drop rescale_norm."
             )
 
-    def sparsify(self, v, params, *, tensor_name, offset, seed, **kw):
-        keep = dare_keep(v.shape[0], self._dens(params, v.shape[0]), tensor_name, offset, v.shape[-1], seed)
-        return [None if k is None else v[i] * k for i, k in enumerate(keep)]
+    def sparsify(self, v, params, *, tensor_name, offset, seed, masks=None, **kw):
+        n = v.shape[-1]
+        out = []
+        for i, d in enumerate(self._dens(params, v.shape[0])):
+            if d >= 1.0:
+                out.append(None)
+                continue
+            draw = lambda i=i, d=d: rng.keep_mask(seed, i, tensor_name, offset, n, d)  # noqa: E731
+            out.append(v[i] * self.keep(i, offset, n, masks, draw))
+        return out
 
 
 @merge_method("dare_linear", PAPERS["dare"])
@@ -146,7 +189,7 @@ class _DellaMethod(_RandomMethod):
                     f"{self.where}: `epsilon`={e} with `density`={d}: density ± epsilon must lie in (0, 1)."
                 )
 
-    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, **kw):
+    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, masks=None, **kw):
         n_models, n = v.shape
         dens = self._dens(params, n_models)
         eps = _per_model(params["epsilon"], n_models, "epsilon", self.name)
@@ -155,8 +198,12 @@ class _DellaMethod(_RandomMethod):
             if dens[i] >= 1:
                 out.append(None)
                 continue
-            threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
-            out.append(v[i] * (rng.random_bits(seed, i, tensor_name, offset, n) < threshold))
+
+            def draw(i=i):
+                threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
+                return rng.random_bits(seed, i, tensor_name, offset, n) < threshold
+
+            out.append(v[i] * self.keep(i, offset, n, masks, draw))
         return out
 
 
