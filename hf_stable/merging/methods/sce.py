@@ -61,23 +61,27 @@ def sce_combine(tv: torch.Tensor, select_topk: float) -> torch.Tensor:
     positions (the same bits as whole, fewer whole-tensor temporaries).
     """
     n_models, n = tv.shape
+    keep = None  # mergekit multiplies by a 0/1 mask; a bool one gives the same products (x · 0 keeps x's sign)
     if select_topk < 1:
-        keep = torch.zeros(n, dtype=tv.dtype)
+        keep = torch.zeros(n, dtype=torch.bool)
         if select_topk > 0:
             spread = population_variance(tv)  # ≥ +0 (never −0): its own |·|, which mergekit takes
             k = int(int(torch.count_nonzero(spread)) * select_topk)
             if k > 0:
                 # sorted=False selects the same entries: the kernel partitions, and only sorts what it selected
-                keep[torch.topk(spread, k=k, largest=True, sorted=False).indices] = 1
+                keep[torch.topk(spread, k=k, largest=True, sorted=False).indices] = True
             del spread
-        tv = tv * keep
-        del keep
-    size = torch.stack([tv[i].square().mean() for i in range(n_models)])  # whole rows: mergekit's reduction order
+
+    def masked(x, s):
+        return x if keep is None else x * keep[s : s + x.shape[-1]]
+
+    # whole rows, one at a time: mergekit's reduction order without an (N, n) masked copy
+    size = torch.stack([masked(tv[i], 0).square().mean() for i in range(n_models)])
     total = float(size.sum())
     coeff = (torch.full_like(size, 1 / n_models) if abs(total) < 1e-6 else size / total).unsqueeze(-1)
     out = torch.empty(n, dtype=tv.dtype)
     for s in range(0, n, _BLOCK):
-        x = tv[:, s : s + _BLOCK]
+        x = masked(tv[:, s : s + _BLOCK], s)
         majority = (x.sum(dim=0) >= 0).to(x.dtype) * 2 - 1
         erased = coeff * (x.sign() == majority)
         out[s : s + _BLOCK] = (x * erased).sum(dim=0) / erased.sum(dim=0).clamp(min=1e-6)
