@@ -23,6 +23,8 @@ Papers: DARE — Yu et al. 2023, arXiv 2311.03099; DELLA — Deep et al. 2024, a
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hf_stable._validation import choice, number
@@ -67,14 +69,15 @@ MASK_CACHE_BYTES = 64 << 20  # per tensor: the keep masks (one byte per entry an
 
 
 class _Sums(list):
-    """Per model `[‖τ_i‖₁, ‖kept τ_i‖₁]` of one tensor (`l1_factors`), and the keep masks its L1 pass drew, by
-    (model, piece offset, piece length), for the combine of the same pieces: the masks are drawn once, not twice
-    (DELLA's per-row sort is most of its time). Masks past `MASK_CACHE_BYTES` are drawn again, with the same bits."""
+    """Per model `[‖τ_i‖₁, ‖kept τ_i‖₁]` of one tensor (`l1_factors`), and the keep masks its L1 pass drew, for the
+    combine of the same pieces: the masks are drawn once, not twice (DELLA's per-row sort is most of its time). They
+    are held in one `(N, numel)` bool buffer (one allocation: many piece-sized ones fragmented the heap), when that
+    fits in `MASK_CACHE_BYTES`; otherwise they are drawn again, with the same bits."""
 
     def __init__(self, n_models: int):
         super().__init__([0.0, 0.0] for _ in range(n_models))
-        self.masks: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.mask_bytes = 0
+        self.masks: torch.Tensor | None = None
+        self.stored: set[tuple[int, int, int]] = set()
 
 
 class _RandomMethod(GeneralizedTaskArithmetic):
@@ -96,22 +99,26 @@ class _RandomMethod(GeneralizedTaskArithmetic):
     def combine(self, v, weights, params, *, sums=None, **kw):
         return super().combine(v, weights, params, sums=sums, masks=(sums, False), **kw)
 
-    def keep(self, i, offset, n, masks, draw):
+    @staticmethod
+    def keep(i, offset, n, draw, *, masks=None, n_models=1, shape=None, **kw):
         """Model i's `(n,)` bool keep mask of the piece at `offset`: `draw()`, or the one the L1 pass drew (`masks`:
         `(sums, store)` — the L1 pass stores, the combine takes)."""
         sums, store = masks if masks is not None else (None, False)
-        cache = getattr(sums, "masks", None)
-        if cache is None:
+        if not isinstance(sums, _Sums):
             return draw()
         key = (i, offset, n)
-        if not store and key in cache:
-            mask = cache.pop(key)
-            sums.mask_bytes -= mask.numel()
-            return mask
+        if not store:
+            if key in sums.stored:
+                sums.stored.discard(key)
+                return sums.masks[i, offset : offset + n]
+            return draw()
         mask = draw()
-        if store and sums.mask_bytes + n <= MASK_CACHE_BYTES:
-            cache[key] = mask
-            sums.mask_bytes += n
+        numel = math.prod(shape) if shape is not None else offset + n
+        if sums.masks is None and n_models * numel <= MASK_CACHE_BYTES:
+            sums.masks = torch.empty(n_models, numel, dtype=torch.bool)
+        if sums.masks is not None and offset + n <= sums.masks.shape[1]:
+            sums.masks[i, offset : offset + n] = mask
+            sums.stored.add(key)
         return mask
 
 
@@ -134,7 +141,7 @@ class _DareMethod(_RandomMethod):
                 "rescale: true or drop rescale_norm."
             )
 
-    def sparsify(self, v, params, *, tensor_name, offset, seed, masks=None, **kw):
+    def sparsify(self, v, params, *, tensor_name, offset, seed, **kw):
         n = v.shape[-1]
         out = []
         for i, d in enumerate(self._dens(params, v.shape[0])):
@@ -142,7 +149,7 @@ class _DareMethod(_RandomMethod):
                 out.append(None)
                 continue
             draw = lambda i=i, d=d: rng.keep_mask(seed, i, tensor_name, offset, n, d)  # noqa: E731
-            out.append(v[i] * self.keep(i, offset, n, masks, draw))
+            out.append(v[i] * self.keep(i, offset, n, draw, n_models=v.shape[0], **kw))
         return out
 
 
@@ -189,7 +196,7 @@ class _DellaMethod(_RandomMethod):
                     f"{self.where}: `epsilon`={e} with `density`={d}: density ± epsilon must lie in (0, 1)."
                 )
 
-    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, masks=None, **kw):
+    def sparsify(self, v, params, *, tensor_name, offset, seed, row_len=None, **kw):
         n_models, n = v.shape
         dens = self._dens(params, n_models)
         eps = _per_model(params["epsilon"], n_models, "epsilon", self.name)
@@ -203,7 +210,7 @@ class _DellaMethod(_RandomMethod):
                 threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
                 return rng.random_bits(seed, i, tensor_name, offset, n) < threshold
 
-            out.append(v[i] * self.keep(i, offset, n, masks, draw))
+            out.append(v[i] * self.keep(i, offset, n, draw, n_models=n_models, **kw))
         return out
 
 
