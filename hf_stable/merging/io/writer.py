@@ -126,6 +126,9 @@ def build_header(specs: list[OutputSpec], metadata: dict[str, str] | None) -> by
     return struct.pack("<Q", len(body)) + body
 
 
+_START_WRITEBACK = hasattr(os, "posix_fadvise")
+
+
 def _pwrite_all(fd: int, view: memoryview, offset: int, path: str) -> None:
     """Write all of `view` at `offset`, in requests of at most `MAX_REQUEST_BYTES`, resuming short writes."""
     done, total = 0, len(view)
@@ -307,7 +310,12 @@ class StreamingSafetensorsWriter:
         if nbytes:
             data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
             path = self.files[slot.shard]
-            _pwrite_all(self._fds[slot.shard], data, slot.offset + row_start * spec.row_nbytes, path)
+            at = slot.offset + row_start * spec.row_nbytes
+            _pwrite_all(self._fds[slot.shard], data, at, path)
+            if _START_WRITEBACK:
+                # Linux starts writing the range back now (dirty pages are written, not dropped), so `finalize`'s
+                # fsync waits for the tail of the output, not for all of it
+                os.posix_fadvise(self._fds[slot.shard], at, nbytes, os.POSIX_FADV_DONTNEED)
             with self._lock:
                 self.bytes_written += nbytes
 

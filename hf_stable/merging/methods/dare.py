@@ -23,6 +23,8 @@ Papers: DARE — Yu et al. 2023, arXiv 2311.03099; DELLA — Deep et al. 2024, a
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hf_stable._validation import choice, number
@@ -32,11 +34,6 @@ from hf_stable.registry import Field
 
 from .base import _per_model, merge_method
 from .ties import GeneralizedTaskArithmetic
-
-
-def dare_keep(n_models: int, densities, tensor_name: str, offset: int, n: int, seed: int):
-    """Per-model `(n,)` bool keep masks for elements `offset … offset+n−1` (None where density ≥ 1)."""
-    return [None if d >= 1.0 else rng.keep_mask(seed, i, tensor_name, offset, n, d) for i, d in enumerate(densities)]
 
 
 _SORT_KEY = {8: torch.int64, 4: torch.int32, 2: torch.int16}
@@ -68,6 +65,21 @@ def della_thresholds(magnitude: torch.Tensor, row_len: int, density: float, epsi
     return thresholds.reshape(-1)
 
 
+MASK_CACHE_BYTES = 64 << 20  # per tensor: the keep masks (one byte per entry and model) kept between the passes
+
+
+class _Sums(list):
+    """Per model `[‖τ_i‖₁, ‖kept τ_i‖₁]` of one tensor (`l1_factors`), and the keep masks its L1 pass drew, for the
+    combine of the same pieces: the masks are drawn once, not twice (DELLA's per-row sort is most of its time). They
+    are held in one `(N, numel)` bool buffer (one allocation: many piece-sized ones fragmented the heap), when that
+    fits in `MASK_CACHE_BYTES`; otherwise they are drawn again, with the same bits."""
+
+    def __init__(self, n_models: int):
+        super().__init__([0.0, 0.0] for _ in range(n_models))
+        self.masks: torch.Tensor | None = None
+        self.stored: set[tuple[int, int, int]] = set()
+
+
 class _RandomMethod(GeneralizedTaskArithmetic):
     default_normalize = False
     default_rescale = True
@@ -77,6 +89,37 @@ class _RandomMethod(GeneralizedTaskArithmetic):
 
     def _dens(self, p, n_models):
         return _per_model(p["density"], n_models, "density", self.name)
+
+    def new_sums(self, n_models):
+        return _Sums(n_models)
+
+    def accumulate(self, sums, v, weights, params, **kw):
+        super().accumulate(sums, v, weights, params, masks=(sums, True), **kw)
+
+    def combine(self, v, weights, params, *, sums=None, **kw):
+        return super().combine(v, weights, params, sums=sums, masks=(sums, False), **kw)
+
+    @staticmethod
+    def keep(i, offset, n, draw, *, masks=None, n_models=1, shape=None, **kw):
+        """Model i's `(n,)` bool keep mask of the piece at `offset`: `draw()`, or the one the L1 pass drew (`masks`:
+        `(sums, store)` — the L1 pass stores, the combine takes)."""
+        sums, store = masks if masks is not None else (None, False)
+        if not isinstance(sums, _Sums):
+            return draw()
+        key = (i, offset, n)
+        if not store:
+            if key in sums.stored:
+                sums.stored.discard(key)
+                return sums.masks[i, offset : offset + n]
+            return draw()
+        mask = draw()
+        numel = math.prod(shape) if shape is not None else offset + n
+        if sums.masks is None and n_models * numel <= MASK_CACHE_BYTES:
+            sums.masks = torch.empty(n_models, numel, dtype=torch.bool)
+        if sums.masks is not None and offset + n <= sums.masks.shape[1]:
+            sums.masks[i, offset : offset + n] = mask
+            sums.stored.add(key)
+        return mask
 
 
 class _DareMethod(_RandomMethod):
@@ -99,8 +142,15 @@ class _DareMethod(_RandomMethod):
             )
 
     def sparsify(self, v, params, *, tensor_name, offset, seed, **kw):
-        keep = dare_keep(v.shape[0], self._dens(params, v.shape[0]), tensor_name, offset, v.shape[-1], seed)
-        return [None if k is None else v[i] * k for i, k in enumerate(keep)]
+        n = v.shape[-1]
+        out = []
+        for i, d in enumerate(self._dens(params, v.shape[0])):
+            if d >= 1.0:
+                out.append(None)
+                continue
+            draw = lambda i=i, d=d: rng.keep_mask(seed, i, tensor_name, offset, n, d)  # noqa: E731
+            out.append(v[i] * self.keep(i, offset, n, draw, n_models=v.shape[0], **kw))
+        return out
 
 
 @merge_method("dare_linear", PAPERS["dare"])
@@ -155,8 +205,12 @@ class _DellaMethod(_RandomMethod):
             if dens[i] >= 1:
                 out.append(None)
                 continue
-            threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
-            out.append(v[i] * (rng.random_bits(seed, i, tensor_name, offset, n) < threshold))
+
+            def draw(i=i):
+                threshold = della_thresholds(v[i].abs(), row_len or n, dens[i], eps[i])
+                return rng.random_bits(seed, i, tensor_name, offset, n) < threshold
+
+            out.append(v[i] * self.keep(i, offset, n, draw, n_models=n_models, **kw))
         return out
 
 

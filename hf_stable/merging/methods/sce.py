@@ -28,24 +28,64 @@ from hf_stable.registry import Field
 from .base import ElementwiseMethod, merge_method
 
 
+_BLOCK = 1 << 20  # positions per block of the elementwise steps
+
+
+def population_variance(tv: torch.Tensor, block: int = _BLOCK) -> torch.Tensor:
+    """`(N, n)` → `(n,)` variance over dim 0 (population, `unbiased=False`) in `tv`'s dtype, bit for bit what
+    `torch.var(tv, dim=0, unbiased=False)` gives on CPU, which mergekit calls.
+
+    That kernel runs Welford's update in float64 over the N values of each position, in order, and rounds the
+    float64 result to the dtype (through float32 for a 16-bit one). It does so position by position, which made
+    this one call most of SCE's time; the same updates on blocks of positions give the same bits in a few passes.
+    """
+    n_models, n = tv.shape
+    out = torch.empty(n, dtype=tv.dtype)
+    for s in range(0, n, block):
+        mean = torch.zeros(min(block, n - s), dtype=torch.float64)
+        m2 = torch.zeros_like(mean)
+        for k in range(n_models):
+            x = tv[k, s : s + block].to(torch.float64, copy=True)
+            delta = x - mean
+            mean += delta / (k + 1)
+            m2 += delta * x.sub_(mean)
+        var = m2.div_(n_models)
+        out[s : s + block] = var if tv.dtype in (torch.float32, torch.float64) else var.to(torch.float32)
+    return out
+
+
 def sce_combine(tv: torch.Tensor, select_topk: float) -> torch.Tensor:
-    """`(N, n)` task vectors of one whole tensor (any float dtype) → `(n,)` merged task vector in that dtype."""
-    n_models = tv.shape[0]
+    """`(N, n)` task vectors of one whole tensor (any float dtype) → `(n,)` merged task vector in that dtype.
+
+    Only the selection and the coefficients need the whole tensor; the rest is elementwise and runs on blocks of
+    positions (the same bits as whole, fewer whole-tensor temporaries).
+    """
+    n_models, n = tv.shape
+    keep = None  # mergekit multiplies by a 0/1 mask; a bool one gives the same products (x · 0 keeps x's sign)
     if select_topk < 1:
-        keep = torch.zeros_like(tv[0])
+        keep = torch.zeros(n, dtype=torch.bool)
         if select_topk > 0:
-            spread = torch.var(tv, dim=0, unbiased=False)
+            spread = population_variance(tv)  # ≥ +0 (never −0): its own |·|, which mergekit takes
             k = int(int(torch.count_nonzero(spread)) * select_topk)
             if k > 0:
-                keep[torch.topk(spread.abs(), k=k, largest=True).indices] = 1
-        tv = tv * keep
-    majority = (tv.sum(dim=0) >= 0).to(tv.dtype) * 2 - 1
-    agrees = tv.sign() == majority
-    size = tv.square().mean(dim=1)
+                # sorted=False selects the same entries: the kernel partitions, and only sorts what it selected
+                keep[torch.topk(spread, k=k, largest=True, sorted=False).indices] = True
+            del spread
+
+    def masked(x, s):
+        return x if keep is None else x * keep[s : s + x.shape[-1]]
+
+    # whole rows, one at a time: mergekit's reduction order without an (N, n) masked copy
+    size = torch.stack([masked(tv[i], 0).square().mean() for i in range(n_models)])
     total = float(size.sum())
-    coeff = torch.full_like(size, 1 / n_models) if abs(total) < 1e-6 else size / total
-    erased = coeff.unsqueeze(-1) * agrees
-    return (tv * erased).sum(dim=0) / erased.sum(dim=0).clamp(min=1e-6)
+    coeff = (torch.full_like(size, 1 / n_models) if abs(total) < 1e-6 else size / total).unsqueeze(-1)
+    out = torch.empty(n, dtype=tv.dtype)
+    for s in range(0, n, _BLOCK):
+        x = masked(tv[:, s : s + _BLOCK], s)
+        majority = (x.sum(dim=0) >= 0).to(x.dtype) * 2 - 1
+        erased = coeff * (x.sign() == majority)
+        out[s : s + _BLOCK] = (x * erased).sum(dim=0) / erased.sum(dim=0).clamp(min=1e-6)
+    return out
 
 
 @merge_method("sce", PAPERS["fusechat_sce"])
