@@ -44,6 +44,11 @@ Design.
   - `upgrad`, `aligned_mtl`: `gradient_aggregation="upgrad"` / `"aligned_mtl"` (Jacobian descent, arXiv 2406.16232;
     Aligned-MTL, arXiv 2305.19000): one policy gradient per reward, aggregated so that neither is opposed.
   Each has its own criterion, the one below applied to that arm alone; criterion (a) keeps its four arms.
+* Control arms (added after the arms above had run, criterion written here before their first run, same warm
+  start, seeds, LR and steps as `static`): `correctness_only` (static, `reward_weights` [1, 0]) and `even_only`
+  (static, [0, 1]). They show that the two rewards pull the policy to different places on this testbed (the
+  conflict every claim here is about), and how far apart: the seed spread of the paired differences is what an
+  arm's distance from the static sum is read against.
 * Metrics every `eval_every` steps on the test prompts, 4 samples per prompt at temperature 1 (the policy the methods
   optimise; fixed evaluation RNG shared by all arms): the mean of each reward. Greedy means at the end; the weights
   (and the hypervolume multiplier) from the trainer logs.
@@ -60,6 +65,11 @@ Design.
   below. After the seed 0-2 runs only two things changed: the first full run had used LR 3e-4 by mistake (a stale
   default, not the pilot's choice; its numbers are in `PILOT["mistaken_first_run"]` and the Markdown) and was rerun
   at 1e-4; and reporting only (paired differences, controller diagnostics, plot style) was added.
+
+Control (must pass for a failure of the criteria below to count; written before the control arms ran),
+`control_conflict`: the rewards conflict here and the seeds resolve it: correctness(`correctness_only`) −
+correctness(`even_only`) and even ending(`even_only`) − even ending(`correctness_only`), each a paired difference
+over the seeds, both have their 95% Student-t interval above 0.
 
 Pre-registered criterion (printed PASS/FAIL as measured): at least one adaptive method ends with both objectives
 ≥ static − 0.02 and at least one strictly better (> static), i.e. not dominated by the static sum. For every method
@@ -89,9 +99,14 @@ from testbeds import tiny_trl
 
 
 NAME = "grpo_multi_objective"
-ARMS = ("static", "dvao", "ctwa", "hypervolume", "gradient", "pama", "upgrad", "aligned_mtl")
+ARMS = (
+    "static", "dvao", "ctwa", "hypervolume", "gradient", "pama", "upgrad", "aligned_mtl", "correctness_only",
+    "even_only",
+)
 ADAPTIVE = ARMS[1:5]  # criterion (a), registered before the later arms were added
-LATER = ARMS[5:]  # each with its own criterion, pre-registered before their first run
+LATER = ARMS[5:8]  # each with its own criterion, pre-registered before their first run
+CONTROL_WEIGHTS = {"correctness_only": [1.0, 0.0], "even_only": [0.0, 1.0]}  # static arms with one objective
+T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}  # Student t, two-sided 95%, df = n − 1
 LABELS = {
     "static": "static weighted sum",
     "dvao": "DVAO",
@@ -101,6 +116,8 @@ LABELS = {
     "pama": "PAMA",
     "upgrad": "UPGrad",
     "aligned_mtl": "Aligned-MTL",
+    "correctness_only": "control: correctness only",
+    "even_only": "control: even ending only",
 }
 COLORS = {
     "static": "black",
@@ -111,6 +128,8 @@ COLORS = {
     "pama": "tab:brown",
     "upgrad": "tab:blue",
     "aligned_mtl": "tab:cyan",
+    "correctness_only": "gray",
+    "even_only": "olive",
 }
 OBJECTIVES = ("correctness", "even_ending")
 MAX_OPERAND = 49
@@ -273,8 +292,11 @@ def arm_config(arm: str, seed: int, sizes: Sizes, output_dir: str):
         "pama": {"reward_weighting": "pama"},
         "upgrad": {"gradient_aggregation": "upgrad"},
         "aligned_mtl": {"gradient_aggregation": "aligned_mtl"},
+        "correctness_only": {},
+        "even_only": {},
     }[arm]
-    return tiny_trl.grpo_config(output_dir, seed, sizes, MAX_COMPLETION, reward_weights=BASE_WEIGHTS, **extra)
+    weights = CONTROL_WEIGHTS.get(arm, BASE_WEIGHTS)
+    return tiny_trl.grpo_config(output_dir, seed, sizes, MAX_COMPLETION, reward_weights=weights, **extra)
 
 
 def train_log(log_history: list[dict]) -> list[dict]:
@@ -414,7 +436,7 @@ def verdicts(per_seed: dict, agg: dict, arms: list[str]) -> dict:
     static = point(agg["arms"]["static"])
     methods = {}
     for arm in arms:
-        if arm == "static":
+        if arm == "static" or arm in CONTROL_WEIGHTS:
             continue
         runs = {s: per_seed[s]["arms"] for s in per_seed}
         seed_relations = [pareto_relation(point(r[arm]["end"]), point(r["static"]["end"])) for r in runs.values()]
@@ -442,10 +464,38 @@ def verdicts(per_seed: dict, agg: dict, arms: list[str]) -> dict:
     }
 
 
-def later_criteria(a: dict) -> dict:
-    """Criterion (a) over the first four adaptive arms, and for each later arm the same test on its own: both
-    objectives ≥ static − `TOLERANCE` and one > static (seed means)."""
+def paired_interval(per_seed: dict, arm: str, other: str, key: str) -> dict:
+    """Mean and 95% Student-t interval over the seeds of `arm`'s final `key` minus `other`'s (same seed)."""
+    d = [r["arms"][arm]["end"][key] - r["arms"][other]["end"][key] for r in per_seed.values()]
+    half = T975[len(d)] * statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("inf")
+    mean = statistics.fmean(d)
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(d)}
+
+
+def conflict_control(per_seed: dict) -> dict | None:
+    """`control_conflict`: each single-objective arm beats the other on its own objective (paired 95% intervals)."""
+    if not all(arm in r["arms"] for r in per_seed.values() for arm in CONTROL_WEIGHTS):
+        return None
+    gaps = {
+        "correctness": paired_interval(per_seed, "correctness_only", "even_only", "correctness"),
+        "even_ending": paired_interval(per_seed, "even_only", "correctness_only", "even_ending"),
+    }
+    worst = min(gaps.values(), key=lambda g: g["ci_low"])
+    return criterion(
+        "control (must pass): the rewards conflict here: correctness(correctness only) − correctness(even only) "
+        "and even(even only) − even(correctness only), paired over seeds, both with the 95% interval above 0",
+        all(g["ci_low"] > 0 for g in gaps.values()),
+        {**{k: worst[k] for k in ("mean", "ci_low", "ci_high", "n")}, **gaps},
+    )
+
+
+def later_criteria(a: dict, per_seed: dict) -> dict:
+    """Criterion (a) over the first four adaptive arms, for each later arm the same test on its own (both
+    objectives ≥ static − `TOLERANCE` and one > static, seed means), and the conflict control."""
     out = {"a": a}
+    control = conflict_control(per_seed)
+    if control is not None:
+        out["control_conflict"] = control
     for arm in LATER:
         method = a.get("methods", {}).get(arm)
         if method is not None:
@@ -528,6 +578,15 @@ def interpretation(agg: dict, result: dict) -> str:
         f"The pre-registered criterion {'holds' if v['passed'] else 'fails'}"
         + (f" ({', '.join(winners)})." if winners else ": no adaptive method meets it.")
     )
+    control = result["criteria"].get("control_conflict")
+    if control:
+        c, e = control["values"]["correctness"], control["values"]["even_ending"]
+        parts.append(
+            f"Control: optimising correctness alone instead of the even ending alone gains correctness "
+            f"{c['mean']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], and the reverse gains even ending "
+            f"{e['mean']:+.3f} [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}] (paired, 95%): the conflict "
+            f"{'is present and resolved by the seeds' if control['passed'] else 'is not resolved here'}."
+        )
     noisy = [LABELS[m] for m, d in v["methods"].items() if all(x["within_noise"] for x in d["paired"].values())]
     if noisy:
         parts.append(
@@ -634,7 +693,7 @@ EXPERIMENT = declare(
     "weighted sum on two conflicting rewards (arXiv 2605.25604, 2602.06869, 2509.11452).",
     run_seed=lambda seed, sizes: run_seed(seed, sizes, list(ARMS), WARM_SEED),
     aggregate=lambda per_seed, sizes: aggregate(per_seed, list(ARMS)),
-    criteria=lambda per_seed, agg, sizes: later_criteria(verdicts(per_seed, agg, list(ARMS))),
+    criteria=lambda per_seed, agg, sizes: later_criteria(verdicts(per_seed, agg, list(ARMS)), per_seed),
     plot=lambda result, path: plot(result["per_seed"], result["aggregate"], path),
     config={
         "warm_seed": WARM_SEED,
