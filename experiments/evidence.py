@@ -141,18 +141,18 @@ ROWS = (
     R("reward_weighting", "gradient", "gradient-based weights serve the under-served objective", "grpo_toy_bandits",
       claim=("gradient",), also=("grpo_multi_objective",)),
     R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
-      claim=("a",)),
+      claim=("a",), controls=("control_conflict",)),
     R("reward_weighting", "lagrangian", "constrained RLHF stops reward over-optimisation", "grpo_reward_design",
       verdicts=("lagrangian",), also=("grpo_smollm2",), why="not confirmed in one 40-step run on "
       "SmolLM2-135M-Instruct (grpo_smollm2: +0.075 [-0.008, +0.158] over held-out problems)"),
     R("reward_weighting", "lagrangian_search", "the threshold search stops reward over-optimisation without "
       "hand-set thresholds", "grpo_reward_design", verdicts=("lagrangian_search",)),
     R("reward_weighting", "pama", "PAMA's closed-form weights end undominated by a static sum", "grpo_multi_objective",
-      claim=("pama",)),
+      claim=("pama",), controls=("control_conflict",)),
     R("gradient_aggregation", "upgrad", "UPGrad's conflict-free update ends undominated by a static sum",
-      "grpo_multi_objective", claim=("upgrad",)),
+      "grpo_multi_objective", claim=("upgrad",), controls=("control_conflict",)),
     R("gradient_aggregation", "aligned_mtl", "Aligned-MTL's aligned update ends undominated by a static sum",
-      "grpo_multi_objective", claim=("aligned_mtl",)),
+      "grpo_multi_objective", claim=("aligned_mtl",), controls=("control_conflict",)),
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
