@@ -37,6 +37,10 @@ MAP_PAPER = Paper(
 )
 
 
+# the keyword arguments of `evaluate_pass_at_k` that the callback takes and keeps as attributes of the same names
+_PASS_AT_K_SETTINGS = ("ks", "num_samples", "scorer", "max_new_tokens", "temperature", "top_p", "seed", "batch_size")
+
+
 class MaPCallback(WSMCallback):
     """Merged pass@k evaluation (MaP, arXiv 2510.09295) on top of WSM's checkpoint window.
 
@@ -119,19 +123,8 @@ class MaPCallback(WSMCallback):
         """Any learning-rate schedule: MaP measures a run, it does not replace its decay (unlike WSM)."""
 
     def _score(self, model, tokenizer) -> dict[str, float]:
-        return evaluate_pass_at_k(
-            model,
-            tokenizer,
-            self.eval_dataset,
-            ks=self.ks,
-            num_samples=self.num_samples,
-            scorer=self.scorer,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            batch_size=self.batch_size,
-        )
+        settings = {name: getattr(self, name) for name in _PASS_AT_K_SETTINGS}
+        return evaluate_pass_at_k(model, tokenizer, self.eval_dataset, **settings)
 
     def map_metrics(self, model, tokenizer) -> dict[str, float]:
         """The metrics one evaluation logs, on `model` (whose weights are restored afterwards)."""
