@@ -433,18 +433,16 @@ class RepresentationDriftCallback(_Monitor, CheckpointFiles, TrainerCallback):
 
     def _tokenized(self, processing_class) -> dict:
         probe = _PROBES[self.name]
-        if isinstance(probe, dict):
-            batch = {"input_ids": probe["input_ids"], "attention_mask": probe.get("attention_mask")}
-            if batch["attention_mask"] is None:
-                batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        else:
+        if not isinstance(probe, dict):  # strings: tokenized into the tensor form, which the rest reads
             if processing_class is None:
                 raise ValueError(
                     "RepresentationDriftCallback: a list of strings needs the trainer's "
                     "`processing_class` to tokenize it; pass token tensors instead."
                 )
-            batch = dict(processing_class(list(probe), return_tensors="pt", padding=True))
-        return {k: batch[k][: self.n_probe] for k in ("input_ids", "attention_mask")}
+            probe = processing_class(list(probe), return_tensors="pt", padding=True)
+        ids, mask = probe["input_ids"], probe.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask
+        return {"input_ids": ids[: self.n_probe], "attention_mask": mask[: self.n_probe]}
 
     def representations(self, model) -> list[torch.Tensor]:
         """Mean-pooled hidden states (N, d), fp32, one per entry of ``layers``."""
