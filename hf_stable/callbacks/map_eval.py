@@ -16,10 +16,10 @@ abstract is described in `hf_stable.evaluation.map_eval`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
 
 from .. import distributed as dist
-from ..evaluation.map_eval import Scorer, check_pass_at_k_settings, evaluate_pass_at_k
+from ..evaluation.map_eval import check_pass_at_k_settings, evaluate_pass_at_k
 from ..papers import Paper
 from .wsm import WSMCallback
 
@@ -37,6 +37,15 @@ MAP_PAPER = Paper(
 )
 
 
+# the keyword arguments of `evaluate_pass_at_k` that the callback takes (with that function's defaults, so the two
+# cannot drift apart) and keeps as attributes of the same names
+_PASS_AT_K_SETTINGS = ("ks", "num_samples", "scorer", "max_new_tokens", "temperature", "top_p", "seed", "batch_size")
+_PASS_AT_K_DEFAULTS = {
+    name: param.default for name, param in inspect.signature(evaluate_pass_at_k).parameters.items()
+    if name in _PASS_AT_K_SETTINGS
+}
+
+
 class MaPCallback(WSMCallback):
     """Merged pass@k evaluation (MaP, arXiv 2510.09295) on top of WSM's checkpoint window.
 
@@ -45,17 +54,19 @@ class MaPCallback(WSMCallback):
         num_checkpoints: N ≥ 2, how many snapshots are averaged (WSM's `num_intervals` = N − 1).
         interval_steps: optimiser steps between snapshots; default `window_fraction × max_steps // (N − 1)`.
         window_fraction: used only without `interval_steps` (see `WSMCallback`).
-        ks: the k of pass@k, each in [1, num_samples].
-        num_samples: n answers sampled per problem.
-        scorer: `scorer(completion, answer) -> bool`; default exact match of the stripped strings.
-        temperature, top_p: sampling settings (`temperature=0`: greedy, needs `num_samples=1`).
-        max_new_tokens, batch_size: generation settings.
-        seed: the sampling seed of every evaluation (the same problems get the same random stream at every step).
         log_unmerged: also log the current weights' pass@k as `<metric_prefix>/unmerged/pass@{k}`.
         metric_prefix: prefix of the logged metrics.
         storage: where the window lives, `"cpu"`, `"disk"` or `"auto"` (see `WSMCallback`).
         trainer: the `Trainer` (set `callback.trainer = trainer` after building it); it logs the metrics and gives the
             tokenizer (`processing_class`) unless `tokenizer` is given.
+        **pass_at_k: the settings of `evaluate_pass_at_k`, with its defaults:
+            ks: the k of pass@k, each in [1, num_samples] (default `(1,)`).
+            num_samples: n answers sampled per problem (8).
+            scorer: `scorer(completion, answer) -> bool`; default exact match of the stripped strings.
+            temperature, top_p: sampling settings (1.0, 1.0; `temperature=0`: greedy, needs `num_samples=1`).
+            max_new_tokens, batch_size: generation settings (16, 32).
+            seed: the sampling seed of every evaluation (0; the same problems get the same random stream at every
+                step).
     """
 
     state_dir, state_json, window_dir = "map_state", "map_state.json", "map_window"
@@ -67,20 +78,20 @@ class MaPCallback(WSMCallback):
         num_checkpoints: int = 4,
         interval_steps: int | None = None,
         window_fraction: float = 0.1,
-        ks: Sequence[int] = (1,),
-        num_samples: int = 8,
-        scorer: Scorer | None = None,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 16,
-        batch_size: int = 32,
-        seed: int = 0,
         log_unmerged: bool = False,
         metric_prefix: str = "eval/map",
         storage: str = "auto",
         trainer=None,
         tokenizer=None,
+        **pass_at_k,
     ):
+        unknown = sorted(set(pass_at_k) - set(_PASS_AT_K_SETTINGS))
+        if unknown:
+            raise TypeError(
+                f"MaPCallback got unexpected arguments {unknown}; its pass@k settings are {list(_PASS_AT_K_SETTINGS)}."
+            )
+        settings = {**_PASS_AT_K_DEFAULTS, **pass_at_k}
+        num_samples, temperature, top_p = settings["num_samples"], settings["temperature"], settings["top_p"]
         if isinstance(num_checkpoints, bool) or not isinstance(num_checkpoints, int) or num_checkpoints < 2:
             raise ValueError(f"MaPCallback `num_checkpoints` must be an integer >= 2, got {num_checkpoints!r}.")
         if interval_steps is not None and (
@@ -89,14 +100,17 @@ class MaPCallback(WSMCallback):
             raise ValueError(f"MaPCallback `interval_steps` must be an integer >= 1 or None, got {interval_steps!r}.")
         if interval_steps is None and not 0.0 < window_fraction <= 1.0:
             raise ValueError(f"MaPCallback `window_fraction` must be in (0, 1], got {window_fraction!r}.")
-        self.ks = check_pass_at_k_settings(ks, num_samples, temperature, "MaPCallback")
+        self.ks = check_pass_at_k_settings(settings["ks"], num_samples, temperature, "MaPCallback")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"MaPCallback `top_p` must be in (0, 1], got {top_p!r}.")
-        for field, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+        for field in ("max_new_tokens", "batch_size"):
+            value = settings[field]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MaPCallback `{field}` must be a positive integer, got {value!r}.")
-        if scorer is not None and not callable(scorer):
-            raise TypeError(f"MaPCallback `scorer` must be callable(completion, answer) -> bool, got {scorer!r}.")
+        if settings["scorer"] is not None and not callable(settings["scorer"]):
+            raise TypeError(
+                f"MaPCallback `scorer` must be callable(completion, answer) -> bool, got {settings['scorer']!r}."
+            )
         columns = getattr(eval_dataset, "column_names", None)
         if eval_dataset is None or (columns is not None and not {"prompt", "answer"} <= set(columns)):
             raise ValueError(f"MaPCallback `eval_dataset` needs 'prompt' and 'answer' columns, got {columns}.")
@@ -109,29 +123,18 @@ class MaPCallback(WSMCallback):
             merge_at=("eval",),
             trainer=trainer,
         )
-        self.eval_dataset, self.num_checkpoints = eval_dataset, num_checkpoints
-        self.num_samples, self.scorer = num_samples, scorer
-        self.temperature, self.top_p, self.max_new_tokens = float(temperature), float(top_p), max_new_tokens
-        self.batch_size, self.seed, self.log_unmerged = batch_size, seed, log_unmerged
+        settings.update(ks=self.ks, temperature=float(temperature), top_p=float(top_p))
+        for name, value in settings.items():
+            setattr(self, name, value)
+        self.eval_dataset, self.num_checkpoints, self.log_unmerged = eval_dataset, num_checkpoints, log_unmerged
         self.metric_prefix, self.tokenizer = metric_prefix, tokenizer
 
     def _check_scheduler(self, args):
         """Any learning-rate schedule: MaP measures a run, it does not replace its decay (unlike WSM)."""
 
     def _score(self, model, tokenizer) -> dict[str, float]:
-        return evaluate_pass_at_k(
-            model,
-            tokenizer,
-            self.eval_dataset,
-            ks=self.ks,
-            num_samples=self.num_samples,
-            scorer=self.scorer,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            batch_size=self.batch_size,
-        )
+        settings = {name: getattr(self, name) for name in _PASS_AT_K_SETTINGS}
+        return evaluate_pass_at_k(model, tokenizer, self.eval_dataset, **settings)
 
     def map_metrics(self, model, tokenizer) -> dict[str, float]:
         """The metrics one evaluation logs, on `model` (whose weights are restored afterwards)."""

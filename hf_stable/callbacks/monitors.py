@@ -21,6 +21,7 @@ Distributed: every rank computes the same numbers (DDP replicas are identical; u
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -97,8 +98,24 @@ def _targets(model, pattern: str) -> list[tuple[str, torch.nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if regex.search(name)]
 
 
+class _Monitor(_Attachable, _SelfRestoring):
+    """What the monitors share: ``_init_args`` (transformers re-creates a callback from them on resume) reads the
+    constructor's arguments back from the attributes of the same names, as scikit-learn's ``get_params`` does, so
+    each is written once; and the metrics the hook pops after each step."""
+
+    _not_state: tuple[str, ...] = ()  # constructor arguments kept elsewhere than the JSON state
+
+    def _init_args(self) -> dict:
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self" and name not in self._not_state}
+
+    def pop_pending_metrics(self) -> dict:
+        pending, self._pending = self._pending, {}
+        return pending
+
+
 # -- stable rank ------------------------------------------------------------------------------------------------
-class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
+class StableRankMonitorCallback(_Monitor, CheckpointFiles, TrainerCallback):
     """Log the stable rank ``‖W‖_F²/‖W‖₂²`` of target matrices every ``every`` steps and warn on collapse.
 
     Args:
@@ -136,17 +153,6 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, Tr
         check_number("collapse_ratio", collapse_ratio, low=0, high=1)
         check_int("drop_window", drop_window, low=1)
         check_int("exact_below", exact_below, low=1)
-        self._args = dict(
-            every=every,
-            targets=targets,
-            power_iters=power_iters,
-            effective_lora=effective_lora,
-            collapse_ratio=collapse_ratio,
-            drop_window=drop_window,
-            log_per_matrix=log_per_matrix,
-            exact_below=exact_below,
-            name=name,
-        )
         self.name = name
         self.every, self.targets, self.power_iters = every, targets, power_iters
         self.effective_lora, self.collapse_ratio, self.drop_window = effective_lora, collapse_ratio, drop_window
@@ -158,9 +164,6 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, Tr
         self._generator: torch.Generator | None = None
         self._pending: dict = {}
         self._trainer_ref = None
-
-    def _init_args(self) -> dict:
-        return dict(self._args)
 
     def _export(self) -> dict:
         return {
@@ -250,13 +253,9 @@ class StableRankMonitorCallback(_Attachable, _SelfRestoring, CheckpointFiles, Tr
         if self.log_per_matrix:
             self._pending.update({f"stable/srank/{k}": v for k, v in values.items()})
 
-    def pop_pending_metrics(self) -> dict:
-        pending, self._pending = self._pending, {}
-        return pending
-
 
 # -- MSign ------------------------------------------------------------------------------------------------------
-class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
+class MSignCallback(_Monitor, TrainerCallback):
     """Experimental (reconstructed from arXiv 2602.01734's abstract): every ``period`` steps replace target matrices by
     ``(1 − α)·W + α·(‖W‖_F/‖msign(W)‖_F)·msign(W)``, which keeps ``‖W‖_F`` and, with α = 1, sets the stable rank to
     ``min(m, n)``.
@@ -291,24 +290,12 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
             )
         if trigger == "period" and sr_threshold is not None:
             raise ValueError("`sr_threshold` is only read with `trigger='stable_rank'`.")
-        self._args = dict(
-            period=period,
-            targets=targets,
-            alpha=alpha,
-            trigger=trigger,
-            sr_threshold=sr_threshold,
-            method=method,
-            name=name,
-        )
         self.name = name
         self.period, self.targets, self.alpha = period, targets, alpha
         self.trigger, self.sr_threshold, self.method = trigger, sr_threshold, method
         self.corrections = 0
         self._pending: dict = {}
         self._trainer_ref = None
-
-    def _init_args(self) -> dict:
-        return dict(self._args)
 
     def _export(self) -> dict:
         return {"corrections": self.corrections}
@@ -363,16 +350,12 @@ class MSignCallback(_Attachable, _SelfRestoring, TrainerCallback):
         if after:
             self._pending["stable/msign/min_srank"] = min(after)
 
-    def pop_pending_metrics(self) -> dict:
-        pending, self._pending = self._pending, {}
-        return pending
-
 
 # -- representation drift ---------------------------------------------------------------------------------------
 _PROBES: dict[str, object] = {}  # name -> probe set, so a callback transformers re-instantiates finds its probes
 
 
-class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, TrainerCallback):
+class RepresentationDriftCallback(_Monitor, CheckpointFiles, TrainerCallback):
     """How much the geometry of a fixed probe set's representations changes (our reconstruction of an unsupervised
     geometric-stability measure from its abstract): Spearman ρ between the pairwise cosine distances of the probe
     representations now and at the reference (``"initial"``: before training; ``"previous"``: the last measurement),
@@ -425,22 +408,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, 
                 "RepresentationDriftCallback needs `probe_dataset` (a list of strings or a dict of "
                 "`input_ids`/`attention_mask` tensors)."
             )
-        self._args = dict(
-            layers=list(layers),
-            pooling=pooling,
-            every=every,
-            n_probe=n_probe,
-            distance=distance,
-            reference=reference,
-            alarm_drift=alarm_drift,
-            alarm_z=alarm_z,
-            batch_size=batch_size,
-            name=name,
-        )
         self.name = name
         self.layers, self.every, self.n_probe = tuple(layers), every, n_probe
         self.distance, self.reference, self.alarm_drift, self.alarm_z = distance, reference, alarm_drift, alarm_z
-        self.batch_size = batch_size
+        self.pooling, self.batch_size = pooling, batch_size
         self.increments = RobustWindow(size=64, min_history=5)
         self.history: list[tuple[int, float, float]] = []  # (step, rdm_spearman, cka)
         self._reference: list[torch.Tensor] | None = None
@@ -448,8 +419,10 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, 
         self._pending: dict = {}
         self._trainer_ref = None
 
+    _not_state = ("probe_dataset",)  # kept in `_PROBES` under `name`
+
     def _init_args(self) -> dict:
-        return dict(self._args)
+        return {**super()._init_args(), "layers": list(self.layers)}
 
     def _export(self) -> dict:
         return {"increments": self.increments.state(), "history": [list(h) for h in self.history]}
@@ -460,18 +433,16 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, 
 
     def _tokenized(self, processing_class) -> dict:
         probe = _PROBES[self.name]
-        if isinstance(probe, dict):
-            batch = {"input_ids": probe["input_ids"], "attention_mask": probe.get("attention_mask")}
-            if batch["attention_mask"] is None:
-                batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-        else:
+        if not isinstance(probe, dict):  # strings: tokenized into the tensor form, which the rest reads
             if processing_class is None:
                 raise ValueError(
                     "RepresentationDriftCallback: a list of strings needs the trainer's "
                     "`processing_class` to tokenize it; pass token tensors instead."
                 )
-            batch = dict(processing_class(list(probe), return_tensors="pt", padding=True))
-        return {k: batch[k][: self.n_probe] for k in ("input_ids", "attention_mask")}
+            probe = processing_class(list(probe), return_tensors="pt", padding=True)
+        ids, mask = probe["input_ids"], probe.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask
+        return {"input_ids": ids[: self.n_probe], "attention_mask": mask[: self.n_probe]}
 
     def representations(self, model) -> list[torch.Tensor]:
         """Mean-pooled hidden states (N, d), fp32, one per entry of ``layers``."""
@@ -562,7 +533,3 @@ class RepresentationDriftCallback(_Attachable, _SelfRestoring, CheckpointFiles, 
         if args.should_save and self._reference is not None:
             reference = {f"layer{i}": x for i, x in enumerate(self._reference)}
             save_tensors(os.path.join(folder, STATE_SUBDIR, f"{self.name}.safetensors"), reference)
-
-    def pop_pending_metrics(self) -> dict:
-        pending, self._pending = self._pending, {}
-        return pending

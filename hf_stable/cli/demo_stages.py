@@ -38,30 +38,21 @@ class Sizes:
     spike_step: int
 
 
-FULL = Sizes(
-    sft_steps=2400,
-    sft_problems=1600,
-    carry_error=CARRY_ERROR,
-    test_rows=300,
-    grpo_steps=GRPO_STEPS_FULL,
-    grpo_save_every=GRPO_STEPS_FULL // 4,
-    grpo_batch=64,
-    unlearn_steps=150,
-    guard_steps=80,
-    spike_step=60,
-)
-QUICK = Sizes(
-    sft_steps=40,
-    sft_problems=200,
-    carry_error=CARRY_ERROR,
-    test_rows=40,
-    grpo_steps=4,
-    grpo_save_every=2,
-    grpo_batch=8,
-    unlearn_steps=20,
-    guard_steps=30,
-    spike_step=25,
-)
+# each run length: (the full demo, `--quick`), side by side
+_RUN_LENGTHS = {
+    "sft_steps": (2400, 40),
+    "sft_problems": (1600, 200),
+    "carry_error": (CARRY_ERROR, CARRY_ERROR),
+    "test_rows": (300, 40),
+    "grpo_steps": (GRPO_STEPS_FULL, 4),
+    "grpo_save_every": (GRPO_STEPS_FULL // 4, 2),
+    "grpo_batch": (64, 8),
+    "unlearn_steps": (150, 20),
+    "guard_steps": (80, 30),
+    "spike_step": (60, 25),
+}
+FULL = Sizes(**{name: full for name, (full, _) in _RUN_LENGTHS.items()})
+QUICK = Sizes(**{name: quick for name, (_, quick) in _RUN_LENGTHS.items()})
 
 SFT_RUNS = (
     # α = 0 is NLL through hf_stable's own loss path (the same update as TRL's, tested), which also logs `mean_p`

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .scoring import pad_id
+from .scoring import _ids, pad_id
 
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -162,9 +162,7 @@ SCORERS: dict[str, Scorer] = {"exact": exact_match, "prefix": prefix_match, "con
 def _prompt_ids(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
-        "input_ids"
-    ]
+    return _ids(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True))
 
 
 @torch.no_grad()
@@ -192,14 +190,17 @@ def sample_completions(
         raise ValueError(f"`num_samples` must be 1 with greedy decoding (temperature=0), got {num_samples}.")
     pad = pad_id(tokenizer)
     eos = tokenizer.eos_token_id
-    sample = temperature > 0
+    decoding = (  # sampling settings only when sampling: transformers warns about them with greedy decoding
+        {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
-        do_sample=sample,
         num_return_sequences=num_samples,
         pad_token_id=pad,
         eos_token_id=eos,
-        **({"temperature": float(temperature), "top_p": float(top_p), "top_k": 0} if sample else {}),
+        **decoding,
     )
     device = next(model.parameters()).device
     was_training = model.training

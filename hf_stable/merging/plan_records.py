@@ -20,6 +20,11 @@ GRAM_BLOCK = 1 << 20  # elements per fp64 Gram block (hf_stable.merging.gram.GRA
 RESIDENT_CAP = 192 * 2**20  # ring + scratch + Gram staging + raw cache never exceed this, whatever the budget
 
 
+def _fields(record, *names: str) -> dict[str, Any]:
+    """``{name: record.<name>}`` in the order given: the JSON entries of a plan that are its attributes unchanged."""
+    return {name: getattr(record, name) for name in names}
+
+
 @dataclass
 class Source:
     """One input of an output tensor: the model (its label) and the tensor's name in that model."""
@@ -98,22 +103,14 @@ class TensorPlan:
         return {
             "name": self.name,
             "shape": list(self.shape),
-            "in_dtype": self.in_dtype,
-            "out_dtype": self.out_dtype,
-            "compute_dtype": self.compute_dtype,
-            "action": self.action,
-            "kind": self.kind,
-            "space": self.space,
+            **_fields(self, "in_dtype", "out_dtype", "compute_dtype", "action", "kind", "space"),
             "method": getattr(self.method, "name", None),
             "params": dict(self.params),
             "weights": self.weights,
             "sources": [(s.label, s.name) for s in self.sources],
             "passes": list(self.passes),
             "chunks": len(self.chunks),
-            "cached": self.cached,
-            "direct": self.direct,
-            "read_bytes": self.read_bytes,
-            "write_bytes": self.write_bytes,
+            **_fields(self, "cached", "direct", "read_bytes", "write_bytes"),
         }
 
 
@@ -171,8 +168,7 @@ class MergePlan:
         return {
             "method": self.method,
             "inputs": list(self.inputs),
-            "base": self.base,
-            "reference": self.reference,
+            **_fields(self, "base", "reference"),
             "memory_budget": self.budget,
             "chunk_elems": self.chunk_elems,
             "buffers": {
@@ -185,8 +181,7 @@ class MergePlan:
             "n_tensors": len(self.tensors),
             "n_chunks": self.n_chunks,
             "n_multi_pass": self.n_two_pass,
-            "bytes_to_read": self.bytes_to_read,
-            "bytes_to_write": self.bytes_to_write,
+            **_fields(self, "bytes_to_read", "bytes_to_write"),
             "dropped": dict(self.dropped),
             "tensors": [t.to_dict() for t in self.tensors],
         }

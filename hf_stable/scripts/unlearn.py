@@ -75,8 +75,13 @@ class UnlearnScriptArguments(HubDryRunArguments):
             raise ValueError("Give `dataset_name` (with forget/retain splits) or `tinytofu_seed`.")
 
 
+def _datasets(forget, retain, holdout) -> dict:
+    """The rows, under the names `UnlearningTrainer` takes them by."""
+    return {"forget_dataset": forget, "retain_dataset": retain, "holdout_dataset": holdout}
+
+
 def _load(script_args, model_args):
-    """(model or path, tokenizer or None, forget, retain, holdout, extras for the evaluation)."""
+    """(model or path, tokenizer or None, the trainer's datasets, extras for the evaluation, the TinyTOFU data)."""
     if script_args.tinytofu_seed is not None:
         from hf_stable.testing.tinytofu import make_tinytofu, train_tinytofu
 
@@ -86,7 +91,7 @@ def _load(script_args, model_args):
         else:  # trained once, then loaded from the cache
             model, tokenizer = train_tinytofu(data, "full", seed=script_args.tinytofu_seed)[0], data.tokenizer
         evaluation = {"world": data.world_eval, "relearn": data.relearn, "relearn_test": data.relearn_eval}
-        return model, tokenizer, data.forget, data.retain, data.holdout_eval, evaluation, data
+        return model, tokenizer, _datasets(data.forget, data.retain, data.holdout_eval), evaluation, data
     if script_args.benchmark is not None:
         from hf_stable.evaluation.benchmarks import unlearning_datasets
 
@@ -97,7 +102,7 @@ def _load(script_args, model_args):
             retain_split=None if script_args.retain_split == "retain" else script_args.retain_split,
             prompt_format=script_args.benchmark_prompt_format,
         )
-        return model_args.model_name_or_path, None, forget, retain, holdout, {}, None
+        return model_args.model_name_or_path, None, _datasets(forget, retain, holdout), {}, None
     from datasets import load_dataset, load_from_disk
 
     name = script_args.dataset_name
@@ -106,15 +111,8 @@ def _load(script_args, model_args):
     else:
         dataset = load_dataset(name, script_args.dataset_config)
     holdout = dataset[script_args.holdout_split] if script_args.holdout_split else None
-    return (
-        model_args.model_name_or_path,
-        None,
-        dataset[script_args.forget_split],
-        dataset[script_args.retain_split],
-        holdout,
-        {},
-        None,
-    )
+    datasets = _datasets(dataset[script_args.forget_split], dataset[script_args.retain_split], holdout)
+    return model_args.model_name_or_path, None, datasets, {}, None
 
 
 def main(script_args, training_args, model_args):
@@ -127,16 +125,14 @@ def main(script_args, training_args, model_args):
     from hf_stable.scripts.teardown import finish
 
     dry_run_repo = hub_dry_run_repo(script_args, training_args)  # before the trainer: it creates the repo otherwise
-    model, tokenizer, forget, retain, holdout, evaluation, data = _load(script_args, model_args)
+    model, tokenizer, datasets, evaluation, data = _load(script_args, model_args)
     # a refused setting, backend or data set raises ValueError: `entry.run_script` prints it as one line
     trainer = UnlearningTrainer(
         model=model,
         args=training_args,
-        forget_dataset=forget,
-        retain_dataset=retain,
         processing_class=tokenizer,
-        holdout_dataset=holdout,
         peft_config=get_stable_peft_config(model_args),
+        **datasets,
     )
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     report = None

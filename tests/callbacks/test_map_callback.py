@@ -160,6 +160,19 @@ def test_validation_of_dataset_scorer_and_trainer(tmp_path):
         make_trainer(tmp_path, [_callback()], max_steps=2).train()
 
 
+def test_pass_at_k_settings_are_evaluate_pass_at_ks():
+    """The callback takes `evaluate_pass_at_k`'s settings with that function's defaults; a misspelt one is refused by
+    name with the list of settings (not silently dropped into `**pass_at_k`)."""
+    cb = MaPCallback(PROMPTS)
+    assert (cb.ks, cb.num_samples, cb.scorer, cb.max_new_tokens) == ((1,), 8, None, 16)
+    assert (cb.temperature, cb.top_p, cb.seed, cb.batch_size) == (1.0, 1.0, 0, 32)
+    cb = MaPCallback(PROMPTS, ks=2, num_samples=3, temperature=0.5, top_p=0.9, seed=7, max_new_tokens=4, batch_size=5)
+    assert (cb.ks, cb.num_samples, cb.temperature, cb.top_p, cb.seed) == ((2,), 3, 0.5, 0.9, 7)
+    assert (cb.max_new_tokens, cb.batch_size) == (4, 5)
+    with pytest.raises(TypeError, match=r"\['num_sample'\].*'num_samples'"):
+        MaPCallback(PROMPTS, num_sample=4)
+
+
 def test_listed_under_evaluation_with_its_paper():
     from hf_stable.registry import get_registry, list_methods
 
