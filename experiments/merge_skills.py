@@ -14,7 +14,7 @@ Design (testbed `experiments/testbeds/skills.py`; its docstring has the details)
   `o4721=` → `7214`) plus each skill on small digits only (a quarter of the rows; digits 0-6, so the base scores
   ≈ 25% EM per skill); K = 4 experts fine-tuned from it (200 steps, LR 1e-3), one skill each on all digits: sort the
   digits `s`, increment every digit `i`, nines' complement `n`, triple every digit mod 10 `t`, with half of every
-  batch replayed from the base tasks. Scored by greedy exact match (EM) on 300 held-out strings per skill; 200
+  batch replayed from the base's mixture. Scored by greedy exact match (EM) on 300 held-out strings per skill; 200
   validation strings per skill select λ; 64 proxy strings per skill drive FW and its baselines' λ.
 * Merges, uniform weights α_i = 1/N (task arithmetic and TIES: weight 1 and a scale λ), every tensor, all from the
   library (`hf_stable.merging.reference.merge_tensors`): linear; task arithmetic θ0 + λ Σ τ_i (λ ∈ TA_LAMBDAS,
@@ -36,19 +36,20 @@ Design (testbed `experiments/testbeds/skills.py`; its docstring has the details)
 * Seeds 0, 1, 2 (three: a seed costs about 1.5-2 CPU-minutes with the 2 shared cores loaded). Intervals: 95%
   Student-t over seeds of PAIRED differences (same seed, same base, same experts, same data), t from `T975`.
 
-Pilots (seed 100, not a reported seed). Design 1 (base on copy / rotate only; experts sort / increment / complement /
-double; expert LR 3e-4 to 3e-3, replay 0.25-0.5, hidden 64 or 128): experts 96-100% on their skill, every N = 2 merge
-≤ 8% EM; seeds 0-2 of it (commit 0cfae71) failed `control_merge_can_win` (+6.5 [+5.5, +7.4] pp). Design 2 (this one;
-expert LR 1e-3, 150-200 steps): a base that sees the skills on all digits learns the per-digit ones outright at a
-share ≥ 1/64 (99-100%) and below that the share is a knife edge (0.004: 0-3% on three skills, 77% on double).
-Restricting the base's skill strings to digits 0-6 (share 0.25) sets its competence by the data: base 26% per skill,
-experts 98-100%, best N = 2 merge − base +41 pp (digits 0-5: base 16.5%, +41 pp). Averaging double's expert with a
-same-norm random expert cost 0-4 pp, so triple replaced double; with s / i / n / t: base 26%, experts 99-100%, best
-N = 2 merge − base +34 pp, random-expert average −58 / −2 / −32 / −16 pp (too weak to be the losing merge in this
-regime, so the control now averages with the permuted twin: −89 / −100 / −99 / −99 pp); FW arm M = 0 → 8: TA 65 →
-27%, TIES 42 → 23%, FW layer-wise 78 → 81% (this script on seed 100). Nothing was tuned on seeds 0-2.
+Pilots (seeds 100-102, never reported). Design 1 (base on copy / rotate only; experts sort / increment / complement /
+double; expert LR 3e-4 to 3e-3, replay 0.25-0.5, hidden 64 or 128): experts 96-100% on their skill, every N = 2 merge ≤
+8% EM; its seeds 0-2 (commit 0cfae71) failed `control_merge_can_win` (+6.5 [+5.5, +7.4] pp). Design 2 (seed 100, expert
+LR 1e-3): a base seeing skills on all digits learns the per-digit ones outright at a share ≥ 1/64 and below that the
+share is a knife edge (0.004: 0-3% on three skills, 77% on double). Skill strings on digits 0-6 only (share 0.25) set
+the base's competence by the data (26% per skill); double kept its skill when averaged with a same-norm random expert,
+so triple replaced it; best N = 2 merge − base +34 pp. Its seeds 0-2 (commit a76303a) held the control on every seed
+(+14 / +32 / +38 pp) but its interval missed (+28.0 [−2.4, +58.4]): experts erased the base's other skills (26% →
+0-17%), and averaging with an MLP-permuted twin kept 67% of sort on seed 2. Design 3 (this one, answering those two
+failures; checked on seeds 100-102 only): replay from the base's mixture (experts keep the other skills at 26%) and the
+twin permuted in the residual stream too: best N = 2 merge − base +57.7 [+55.3, +60.0] pp, twin −97.7 [−101.3, −94.1]
+pp, random-expert average −20 to −62 pp, fw_control TA −43.4 [−54.4, −32.5] pp.
 
-Pre-registered criteria (fixed before running seeds 0-2; each effect a paired difference with its 95% t-interval):
+Pre-registered criteria (fixed before seeds 0-2 of design 1, unchanged since; paired differences, 95% t-intervals):
   (a) CLAIM fisher_rao: at N = K = 4, mean EM(fisher_rao, weights) − EM(linear) ≥ 5 pp and its 95% CI lies above 0.
   (b_fisher_rao), (b_nre), (b_nre_unit) CLAIM, norm restoration keeps activation scale: at N = 4, the seed mean of
       ρ^var(method) ≥ 0.9; the effect reported is ρ^var(method) − ρ^var(linear).
@@ -69,8 +70,7 @@ Reported, not criteria: every method's EM at N = 2 and N = 4, fisher_rao in task
 merge against the best single expert on the mean over all 4 skills (can a merge win?), FW's task-wise LMO.
 
 Command (measured: see the result's wall time), then the quick smoke run (1 seed, tiny sizes; pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py --quick --out /tmp/merge_skills
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py [--quick --out /tmp/merge_skills]
 """
 
 from __future__ import annotations

@@ -20,19 +20,21 @@ it on genuinely different skills, each scored by greedy exact match on held-out 
 * Base: `hf_stable.testing`'s tiny Llama from a random init seeded by the run seed, trained on the uniform mixture
   of the base tasks, each row replaced with probability `base_skill_share` by a skill row on small digits (AdamW,
   weight decay 0.01, 5% warmup + linear decay, grad clip 1). Experts: full fine-tuning of the base on one skill's
-  training strings (all digits) with half of every batch replayed from the base tasks (AdamW, weight decay 0 so a
-  task vector holds only what the skill moved, LR 1e-3, 10% warmup + linear decay, grad clip 1). Both cached per
+  training strings (all digits) with half of every batch replayed from the base's own mixture, so an expert keeps
+  the base's share of the other skills instead of erasing it (AdamW, weight decay 0 so a task vector holds only
+  what the skill moved, LR 1e-3, 10% warmup + linear decay, grad clip 1). Both cached per
   seed under `experiments/cache/<name>/`, keyed by their settings and the skill set.
 * Metric: exact match = the 4 greedy answer chars equal the target; loss = mean NLL per supervised token (answer +
   eos, teacher forced).
 * Controls every result on this testbed reports (`control_experts_specialise`, `control_merge_can_lose`):
   each expert beats the base on its own skill by a wide margin and is clearly worse than the owning expert on some
   other skill (the skills are different), and a merge that should lose does: averaging an expert with its permuted
-  twin (the same network with the hidden units of every MLP permuted: the same function, weights not aligned, as
-  two independently trained models are) costs that expert's skill, so the scoring can see a merge lose. The
-  average with a "random expert" (its task vector replaced, tensor by tensor, by a Gaussian direction of the same
-  norm) is reported too; it is not the control because in this regime half of a task vector plus noise of its norm
-  often keeps the skill (pilot: −2 to −58 pp by skill).
+  twin (the same network with the residual stream's coordinates and every MLP's hidden units permuted: the same
+  function, weights not aligned, as two independently trained models are) costs that expert's skill, so the
+  scoring can see a merge lose. The average with a "random expert" (its task vector replaced, tensor by tensor, by
+  a Gaussian direction of the same norm) is reported too; it is not the control because in this regime half of a
+  task vector plus noise of its norm often keeps the skill (pilot seeds 100-102: −20 to −62 pp by skill, two
+  skills' intervals reaching above 0).
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def base_dir(name: str, seed: int, sizes: Sizes) -> Path:
 
 
 def expert_dir(name: str, seed: int, sizes: Sizes, skill: str) -> Path:
-    spec = {**_spec(sizes, "base"), **_spec(sizes, "expert"), "skill": skill}
+    spec = {**_spec(sizes, "base"), **_spec(sizes, "expert"), "skill": skill, "replay": "base mixture"}
     return tiny_trl.cache_dir(name, f"skills_expert_{skill}", seed, spec)
 
 
@@ -173,6 +175,17 @@ def _save(model, tokenizer, path: Path, info: dict) -> None:
     (path / "done.json").write_text(json.dumps(info))
 
 
+def mixture_rows(data: dict, sizes: Sizes, n: int, gen: torch.Generator) -> torch.Tensor:
+    """`[n, 11]` rows of the base's mixture: base-task rows, each replaced with probability `base_skill_share` by a
+    skill row on small digits."""
+    pool = torch.cat([data[t]["train"] for t in BASE_TASKS])
+    skill_pool = torch.cat([data[t]["base"] for t in SKILLS])
+    rows = pool[torch.randint(0, len(pool), (n,), generator=gen)]
+    from_skill = torch.rand(n, generator=gen) < sizes.base_skill_share
+    picks = skill_pool[torch.randint(0, len(skill_pool), (n,), generator=gen)]
+    return torch.where(from_skill[:, None], picks, rows)
+
+
 def pretrain(name: str, seed: int, sizes: Sizes, data: dict) -> Path:
     """The seed's base trained on the base-task mixture, cached under `experiments/cache/<name>/`."""
     path = base_dir(name, seed, sizes)
@@ -180,17 +193,8 @@ def pretrain(name: str, seed: int, sizes: Sizes, data: dict) -> Path:
         return path
     start = time.time()
     model, tokenizer = tiny_trl.tiny_llama(seed, sizes.hidden_size, max_position_embeddings=16)
-    pool = torch.cat([data[t]["train"] for t in BASE_TASKS])
-    skill_pool = torch.cat([data[t]["base"] for t in SKILLS])
     gen = torch.Generator().manual_seed(seed)
-
-    def batch():
-        rows = pool[torch.randint(0, len(pool), (sizes.base_batch,), generator=gen)]
-        from_skill = torch.rand(sizes.base_batch, generator=gen) < sizes.base_skill_share
-        picks = skill_pool[torch.randint(0, len(skill_pool), (sizes.base_batch,), generator=gen)]
-        return torch.where(from_skill[:, None], picks, rows)
-
-    batches = (batch() for _ in iter(int, 1))
+    batches = (mixture_rows(data, sizes, sizes.base_batch, gen) for _ in iter(int, 1))
     losses = _train(model, batches, sizes.base_steps, sizes.base_lr, 0.01, 0.05)
     em = {t: exact_match(model, data[t]["val"]) for t in (*BASE_TASKS, *SKILLS)}
     _save(model, tokenizer, path, {"val_em": em, "last_loss": losses[-1], "seconds": time.time() - start})
@@ -207,14 +211,13 @@ def finetune(name: str, seed: int, sizes: Sizes, data: dict, skill: str) -> Path
     model = load(pretrain(name, seed, sizes, data))
     from hf_stable.testing import build_tiny_tokenizer
 
-    own, replay = data[skill]["train"], torch.cat([data[t]["train"] for t in BASE_TASKS])
+    own = data[skill]["train"]
     gen = torch.Generator().manual_seed(1000 * seed + ord(skill))
     n_replay = round(sizes.expert_replay * sizes.expert_batch)
 
     def batch():
-        rows = [own[torch.randint(0, len(own), (sizes.expert_batch - n_replay,), generator=gen)]]
-        rows.append(replay[torch.randint(0, len(replay), (n_replay,), generator=gen)])
-        return torch.cat(rows)
+        rows = own[torch.randint(0, len(own), (sizes.expert_batch - n_replay,), generator=gen)]
+        return torch.cat([rows, mixture_rows(data, sizes, n_replay, gen)])
 
     batches = (batch() for _ in iter(int, 1))
     losses = _train(model, batches, sizes.expert_steps, sizes.expert_lr, 0.0, 0.1)
@@ -271,17 +274,28 @@ def random_expert(base: dict, expert: dict, seed: int) -> dict:
 
 
 def permuted_twin(params: dict, seed: int) -> dict:
-    """The same network with the hidden units of every MLP permuted (rows of `gate_proj`/`up_proj`, columns of
-    `down_proj`): it computes exactly the same function, but its weights are not aligned with `params`'."""
+    """The same network in another basis: the residual stream's coordinates permuted (input columns of every
+    projection and of the tied embedding, output rows of `o_proj`/`down_proj`, the RMSNorm gains; RoPE acts on the
+    heads' own coordinates, untouched) and the hidden units of every MLP permuted. It computes exactly the same
+    function, but its weights are not aligned with `params`' (as two independently trained models are not)."""
     g = torch.Generator().manual_seed(seed)
-    out = dict(params)
+    d = params["model.embed_tokens.weight"].shape[1]
+    res = torch.randperm(d, generator=g)
+    out = {}
+    for n, w in params.items():
+        if w.dim() == 1:
+            out[n] = w[res]
+        elif n.endswith(("o_proj.weight", "down_proj.weight")):
+            out[n] = w[res]
+        else:
+            out[n] = w[:, res]
     for n in params:
         if n.endswith("mlp.gate_proj.weight"):
             pre = n[: -len("gate_proj.weight")]
-            perm = torch.randperm(params[n].shape[0], generator=g)
-            out[pre + "gate_proj.weight"] = params[pre + "gate_proj.weight"][perm]
-            out[pre + "up_proj.weight"] = params[pre + "up_proj.weight"][perm]
-            out[pre + "down_proj.weight"] = params[pre + "down_proj.weight"][:, perm]
+            unit = torch.randperm(params[n].shape[0], generator=g)
+            out[pre + "gate_proj.weight"] = out[pre + "gate_proj.weight"][unit]
+            out[pre + "up_proj.weight"] = out[pre + "up_proj.weight"][unit]
+            out[pre + "down_proj.weight"] = out[pre + "down_proj.weight"][:, unit]
     return out
 
 
