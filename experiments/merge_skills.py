@@ -64,8 +64,7 @@ Pre-registered criteria (fixed before seeds 0-2 of design 1, unchanged since; pa
   (control_merge_can_win) CONTROL, must pass for (a): some merge keeps skills: at N = 2 the best method's EM (per
       seed) beats the base's by ≥ 10 pp (lower CI end).
   (control_merge_can_lose) CONTROL, detection (testbed): averaging an expert with its permuted twin (same function,
-      MLP units permuted) costs that expert's skill: CI of the EM change below −20 pp for every skill (passes when
-      it loses).
+      residual stream and MLP units permuted) costs its skill: CI of the EM change below −20 pp for every skill.
 Reported, not criteria: every method's EM at N = 2 and N = 4, fisher_rao in task-vector space vs linear, the best
 merge against the best single expert on the mean over all 4 skills (can a merge win?), FW's task-wise LMO.
 

@@ -396,9 +396,9 @@ def controls(per_seed: dict) -> dict:
             f"{sum(all(per_seed[x]['matrix']['experts'][s][s] - per_seed[x]['matrix']['base'][s] >= OWN_MARGIN for s in SKILLS) for x in seeds)}/{len(seeds)} seeds",  # noqa: E501
         ),
         "control_merge_can_lose": criterion(
-            "control (must fail, detection): averaging an expert with its permuted twin (the same function, MLP "
-            "units permuted) costs that expert's skill: the 95% t-interval of the paired EM change lies below "
-            f"−{LOSE_MARGIN * 100:g} pp for every skill (the criterion passes when the merge loses)",
+            "control (must fail, detection): averaging an expert with its permuted twin (the same function, residual "
+            "stream and MLP units permuted) costs that expert's skill: the 95% t-interval of the paired EM change "
+            f"lies below −{LOSE_MARGIN * 100:g} pp for every skill (the criterion passes when the merge loses)",
             all(lose[s]["ci_high"] <= -LOSE_MARGIN for s in SKILLS),
             {
                 **{k: lose[worst_lose][k] for k in keep},
