@@ -186,9 +186,10 @@ class Execution:
         if tv:
             self.basef[:m].copy_(xs[-1][s : s + m])
         for i in range(tp.n_inputs):
-            v[i].copy_(xs[i][s : s + m])
-            if tv:
-                round_(v[i].sub_(self.basef[:m]), cdt)  # mergekit subtracts in its dtype
+            if tv:  # one pass: the stored value widens exactly, so this is copy-then-subtract's float32 result
+                round_(_sub_into(xs[i][s : s + m], self.basef[:m], v[i]), cdt)  # mergekit subtracts in its dtype
+            else:
+                v[i].copy_(xs[i][s : s + m])
         return v
 
     def _gram_chunk(self, tp, state: _State, xs, n: int, rows) -> None:
@@ -203,8 +204,7 @@ class Execution:
                 self.basef[:m].copy_(xs[-1][s : s + m])
             for i in range(tp.n_inputs):
                 if tv:
-                    self.scr[:m].copy_(xs[i][s : s + m]).sub_(self.basef[:m])
-                    g.add(i, g.fill, self.scr[:m])
+                    g.add(i, g.fill, _sub_into(xs[i][s : s + m], self.basef[:m], self.scr[:m]))
                 else:
                     g.add(i, g.fill, xs[i][s : s + m])
             g.advance(m)
@@ -302,14 +302,13 @@ class Execution:
             if tv:
                 basef[:m].copy_(xs[-1][s : s + m])
             # Separate multiply and add, in input order, base last: the roundings of `apply_coefficients`.
-            a.copy_(xs[0][s : s + m])
-            if tv:
-                a.sub_(basef[:m])
+            if tv:  # one pass each: the stored values widen exactly, as a copy then a subtraction
+                _sub_into(xs[0][s : s + m], basef[:m], a)
+            else:
+                a.copy_(xs[0][s : s + m])
             a.mul_(c[0])
             for i in range(1, tp.n_inputs):
-                t = scr[:m].copy_(xs[i][s : s + m])
-                if tv:
-                    t.sub_(basef[:m])
+                t = _sub_into(xs[i][s : s + m], basef[:m], scr[:m]) if tv else scr[:m].copy_(xs[i][s : s + m])
                 a.add_(t.mul_(c[i]))
             if tv:
                 a.add_(basef[:m])
@@ -357,6 +356,9 @@ class Execution:
 
     def _combine_elementwise(self, tp, state: _State, xs, n: int, out: torch.Tensor, offset: int, rows) -> None:
         cdt = _cdt(tp)
+        if hasattr(tp.method, "combine_rows") and tp.row_len == n and tp.space == "task_vector":
+            self._combine_rows(tp, state, xs, n, out, rows, cdt)
+            return
         w32 = self._weights(tp, torch.float32)
         for s, m in self._pieces(tp, n):
             v = self._load(tp, xs, s, m)
@@ -368,6 +370,26 @@ class Execution:
                                        row_len=tp.row_len, shape=tp.shape, cdt=cdt, ties=state.ties)  # fmt: skip
             if base is not None:  # a float32 result stays float32 (mergekit's promotion)
                 merged = round_(merged + base, None if getattr(tp.method, "float32_result", False) else cdt)
+            self._check_output(tp, merged, rows)
+            if self.diagnose:
+                self._accumulate_stats(tp, state, xs, s, m, merged)
+            out[s : s + m].copy_(merged)
+
+    def _combine_rows(self, tp, state: _State, xs, n: int, out: torch.Tensor, rows, cdt) -> None:
+        """A whole-tensor method (sce) fed its task vectors row by row from the stored inputs: no `(N, n)` float32
+        copy of a tensor (the same values `_load` gives), the base added and the result written block by block."""
+        for x in xs:
+            if not self._finite(x if x.dtype in _WIDENS else x.float()):
+                self._find_culprit(tp, rows)
+        # an operand that widens exactly is used as stored (in place, float32 arithmetic either way)
+        base = xs[-1] if xs[-1].dtype in _WIDENS else xs[-1].float()
+
+        def row(i: int, a: int, b: int) -> torch.Tensor:  # float32(x) − float32(base), as `_load` gives it
+            return round_(xs[i][a:b].to(torch.float32, copy=True).sub_(base[a:b]), cdt)
+
+        for s, merged in tp.method.combine_rows(row, tp.n_inputs, n, tp.params, cdt=cdt):
+            m = merged.numel()
+            merged = round_(merged.add_(base[s : s + m]), cdt)  # `merged + base` of `_combine_elementwise`
             self._check_output(tp, merged, rows)
             if self.diagnose:
                 self._accumulate_stats(tp, state, xs, s, m, merged)
@@ -438,6 +460,19 @@ class Execution:
 
 # Compute dtypes whose arithmetic is rounded to them (`plan.compute_dtype_of`); float32 is the engine's own.
 _ROUNDED = ("F16", "BF16")
+
+
+# Stored dtypes that float32 arithmetic widens exactly (the others are copied to float32 first: float64 would make
+# `torch.sub` compute in float64, and float8 has no type promotion)
+_WIDENS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _sub_into(x: torch.Tensor, base: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out = float32(x) − base` (`base`, `out`: float32, x's shape): the bits of `out.copy_(x).sub_(base)`, in one
+    pass where x widens exactly."""
+    if x.dtype in _WIDENS:
+        return torch.sub(x, base, out=out)
+    return out.copy_(x).sub_(base)
 
 
 def _cdt(tp: TensorPlan):

@@ -16,7 +16,7 @@ from .io.header import ModelCheckpoint
 RING_SLOTS = 3  # one chunk being read, one being combined, one being written
 MAX_CHUNK_ELEMS = 1 << 20  # elements per chunk: 4 MiB of fp32 per input
 PIECE_ELEMS = 1 << 18  # elements combined at a time: 1 MiB of fp32 per buffer, cache-resident; fewer calls
-GRAM_BLOCK = 1 << 20  # elements per fp64 Gram block (hf_stable.merging.gram.GRAM_CHUNK)
+GRAM_BLOCK = 1 << 17  # elements per fp64 Gram block (hf_stable.merging.gram.GRAM_CHUNK: its cache-sized block)
 RESIDENT_CAP = 192 * 2**20  # ring + scratch + Gram staging + raw cache never exceed this, whatever the budget
 
 

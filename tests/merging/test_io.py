@@ -385,3 +385,39 @@ def test_small_requests_and_threads(tmp_path, monkeypatch):
     loaded = load_file(str(out / "model.safetensors"))
     for name, t in tensors.items():
         assert _bytes(loaded[name]) == _bytes(t)
+
+
+def test_writer_flushes_early_in_the_background_and_reports_a_failed_flush(tmp_path, monkeypatch):
+    """Past `EARLY_SYNC_BYTES` unflushed bytes a background thread flushes the shard while writing goes on (so the
+    final fsync waits for the tail only); the output is unchanged, and an error of that flush is raised by
+    `finalize` (the flush may have consumed the file's error, so the final fsync alone would not see it)."""
+    import hf_stable.merging.io.writer as writer_mod
+
+    tensors = _sample_tensors(seed=5)
+    monkeypatch.setattr(writer_mod, "EARLY_SYNC_BYTES", 64)
+    flushed = []
+    real = os.fdatasync
+
+    def counted(fd):
+        flushed.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    writer = StreamingSafetensorsWriter(tmp_path / "out", _specs(tensors), max_shard_size=10**9)
+    _write_in_tiles(writer, tensors)
+    writer.finalize()
+    assert flushed
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    ours, ref = load_file(str(tmp_path / "out" / "model.safetensors")), load_file(str(tmp_path / "ref.safetensors"))
+    assert list(ours) == list(tensors) and all(_bytes(ours[n]) == _bytes(ref[n]) for n in tensors)
+
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    writer = StreamingSafetensorsWriter(tmp_path / "bad", _specs(tensors), max_shard_size=10**9)
+    _write_in_tiles(writer, tensors)
+    with pytest.raises(OSError, match="flushing the output failed"):
+        writer.finalize()
+    writer.abort()
+    assert not (tmp_path / "bad" / "model.safetensors").exists()

@@ -54,3 +54,38 @@ def test_sce_combine_equals_whole_tensor_formula_bitwise(dtype, n_models, select
     assert got.dtype == want.dtype
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert not torch.equal(got, tv[0])  # the merge did something
+
+
+@pytest.mark.parametrize(("models", "dtype"), [("pico_models", None), ("pico_bf16_models", "bfloat16")])
+def test_engine_sce_streams_rows_and_equals_whole_tensor_formula(request, tmp_path, monkeypatch, models, dtype):
+    """The engine feeds SCE its task vectors row by row from the stored inputs: no `(N, n)` float32 copy of a
+    tensor (`Execution._load` is never called; the float32 block of a 32000 × 1024 embedding of three models alone
+    was 393 MiB), and every output tensor is the whole-tensor formula on `x_i − base`, plus base, bit for bit."""
+    from merge_helpers import load_folder_state_dict
+
+    from hf_stable.merging import MergeConfig, merge
+    from hf_stable.merging.execution import Execution
+
+    paths = request.getfixturevalue(models)
+    experts = paths["experts"][:2]
+    kw = {"dtype": dtype} if dtype else {}
+    cfg = MergeConfig.build("sce", experts, base_model=paths["base"], parameters={"select_topk": 0.5}, **kw)
+
+    def no_block(*a, **k):
+        raise AssertionError("SCE built an (N, n) float32 block")
+
+    monkeypatch.setattr(Execution, "_load", no_block)
+    merge(cfg, tmp_path / "out", progress=False)
+    got = load_folder_state_dict(tmp_path / "out")
+    base = load_folder_state_dict(paths["base"])
+    xs = [load_folder_state_dict(p) for p in experts]
+    cdt = getattr(torch, dtype) if dtype else torch.float32
+    checked = 0
+    for name, b in base.items():
+        if not b.is_floating_point():
+            continue
+        tv = torch.stack([(x[name].float() - b.float()).to(cdt).reshape(-1) for x in xs])
+        want = (_whole_tensor_sce(tv, 0.5).float() + b.float().reshape(-1)).to(cdt).to(got[name].dtype)
+        assert torch.equal(got[name].reshape(-1).view(torch.uint8), want.view(torch.uint8)), name
+        checked += 1
+    assert checked > 5

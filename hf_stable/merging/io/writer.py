@@ -127,6 +127,10 @@ def build_header(specs: list[OutputSpec], metadata: dict[str, str] | None) -> by
 
 
 _START_WRITEBACK = hasattr(os, "posix_fadvise")
+# Once this many bytes of a shard are written and not yet flushed, a background thread flushes them (`fdatasync`)
+# while the merge goes on, so `finalize`'s fsync waits for the tail only. Measured on a virtual disk: a 58 MiB
+# output took 70-120 ms to fsync at the end; after an early flush of its first 44 MiB, the last 16 MiB took 23 ms.
+EARLY_SYNC_BYTES = 32 << 20
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int, path: str) -> None:
@@ -195,6 +199,9 @@ class StreamingSafetensorsWriter:
         self._lock = threading.Lock()
         self._finalized = False
         self._aborted = False
+        self._unsynced: dict[int, int] = {}  # shard -> bytes written since its last flush was started
+        self._syncer: threading.Thread | None = None
+        self._sync_error: BaseException | None = None
 
         shards = shard_specs(specs, max_shard_size)
         names = shard_file_names(len(shards))
@@ -318,6 +325,28 @@ class StreamingSafetensorsWriter:
                 os.posix_fadvise(self._fds[slot.shard], at, nbytes, os.POSIX_FADV_DONTNEED)
             with self._lock:
                 self.bytes_written += nbytes
+                self._unsynced[slot.shard] = self._unsynced.get(slot.shard, 0) + nbytes
+                if self._unsynced[slot.shard] >= EARLY_SYNC_BYTES and not self._syncing():
+                    self._unsynced[slot.shard] = 0
+                    self._syncer = threading.Thread(target=self._early_sync, args=(self._fds[slot.shard],),
+                                                    name="hf_stable-merge-sync", daemon=True)  # fmt: skip
+                    self._syncer.start()
+
+    def _syncing(self) -> bool:
+        return self._syncer is not None and self._syncer.is_alive()
+
+    def _early_sync(self, fd: int) -> None:
+        try:
+            getattr(os, "fdatasync", os.fsync)(fd)  # macOS has no fdatasync
+        except BaseException as err:  # reported by finalize: this flush may have consumed the file's write error
+            self._sync_error = err
+
+    def _join_syncer(self) -> None:
+        """Wait for a background flush (the descriptors it uses stay open until it is done)."""
+        syncer = self._syncer
+        if syncer is not None:
+            syncer.join()
+        self._syncer = None
 
     def missing(self) -> dict[str, list[tuple[int, int]]]:
         """`{name: [missing row ranges]}` for every output not completely written yet (empty tensors never are)."""
@@ -353,6 +382,9 @@ class StreamingSafetensorsWriter:
             shown = [f"{n!r} rows {ranges}" for n, ranges in list(missing.items())[:10]]
             more = f" ... ({len(missing)} tensors in all)" if len(missing) > 10 else ""
             raise ValueError(f"{self.folder}: output incomplete, never written: {'; '.join(shown)}{more}")
+        self._join_syncer()
+        if self._sync_error is not None:
+            raise OSError(f"{self.folder}: flushing the output failed: {self._sync_error}") from self._sync_error
         for fd in self._fds:
             os.fsync(fd)  # the data is durable before the index (and the engine's rename) says the folder is done
         self._close_fds()
@@ -369,6 +401,7 @@ class StreamingSafetensorsWriter:
         return paths
 
     def _close_fds(self) -> None:
+        self._join_syncer()
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)

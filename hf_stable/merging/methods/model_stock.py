@@ -60,8 +60,13 @@ def model_stock_mergekit(xs: list[torch.Tensor], base: torch.Tensor, *, filter_w
     den = 1 + (n - 1) * cos
     singular = den.abs() < 1e-6  # no finite estimate: the base is kept
     t = torch.where(singular, torch.zeros_like(cos), (n * cos) / torch.where(singular, torch.ones_like(den), den))
-    mean = sum(xs) / n
-    return (t * mean + (1 - t) * base).reshape(shape)
+    # mergekit's `sum(xs) / n`, `t * mean + (1 - t) * base`, with its temporaries updated in place (same bits: 0 + x
+    # first, as Python's sum starts, so a −0 becomes +0 as there)
+    acc = xs[0] + 0
+    for x in xs[1:]:
+        acc.add_(x)
+    acc.div_(n).mul_(t)
+    return acc.add_((1 - t) * base).reshape(shape)
 
 
 @merge_method("model_stock", PAPERS["model_stock"])

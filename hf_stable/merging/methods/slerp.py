@@ -123,7 +123,8 @@ def slerp_mergekit(t: float, v0: torch.Tensor, v1: torch.Tensor, *, dot_threshol
         return torch.where(r > 1e-8, r, 1)
 
     ra, rb = norm(a), norm(b)
-    cos = torch.stack([(a[:, k].to(wide) / ra * (b[:, k].to(wide) / rb)).sum(dim=1, keepdim=True) for k in blocks])
+    # in place where mergekit makes a temporary: the same operations on the same operands, fewer passes
+    cos = torch.stack([(a[:, k].to(wide) / ra).mul_(b[:, k].to(wide) / rb).sum(dim=1, keepdim=True) for k in blocks])
     cos = cos.sum(dim=0).clamp(-1, 1)
     straight = cos.abs() > dot_threshold
     angle = torch.acos(torch.where(straight, 0, cos))
@@ -132,7 +133,10 @@ def slerp_mergekit(t: float, v0: torch.Tensor, v1: torch.Tensor, *, dot_threshol
     cb = torch.where(straight, tt, torch.sin(tt * angle) / sin)
     out = torch.empty_like(a)
     for k in blocks:
-        out[:, k] = ca * a[:, k].to(wide) + cb * b[:, k].to(wide)
+        if out.dtype == wide:
+            torch.mul(ca, a[:, k], out=out[:, k]).add_(cb * b[:, k])
+        else:
+            out[:, k] = ca * a[:, k].to(wide) + cb * b[:, k].to(wide)
     return out.reshape(v0.shape)
 
 
