@@ -31,7 +31,8 @@ Design (scaled down to fit ≈ 2 CPU-minutes per seed on one thread; the data an
   streaming from disk vs a load-all baseline that holds the whole pool (as average/TA/TIES here and AdaMerging-style
   methods do); bytes read. Process RSS is not reported: at 0.3 MB per model it is noise next to torch's own
   footprint.
-* Seeds 0, 1, 2 (data, teachers, init, fine-tuning, noise); criteria on seed means, with per-seed counts.
+* Seeds 0-4 (data, teachers, init, fine-tuning, noise; 0-2 first, then 3 and 4 added with nothing else changed, as
+  a seed runs in about a minute); criteria on seed means, with per-seed counts.
 
 Pass criteria (pre-registered before any run; printed PASS/FAIL as measured):
   (a) FW layer-wise: |acc(M) − acc(0)| ≤ 1 pp for every M ∈ {4, 8, 16} (mean over seeds);
@@ -587,6 +588,7 @@ def _int_keys(agg: dict) -> dict:
 
 EXPERIMENT = declare(
     globals(),
+    default_seeds=(0, 1, 2, 3, 4),
     title="FW-Merging stays stable as irrelevant models are added",
     claim="FW-Merging keeps target accuracy as irrelevant experts join the pool, with resident memory flat in the "
     "pool size (arXiv 2503.12649).",

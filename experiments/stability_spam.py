@@ -11,7 +11,7 @@ spike damages plain AdamW).
 * Model and data: the tiny offline Llama of `hf_stable.testing` (hidden 64, 2 layers), character-level addition from
   `hf_stable.testing.arithmetic_dataset`. A "pretrained" base: 300 SFT steps (data seed 7, lr 1e-3, batch 8), cached
   under `experiments/cache/`; every run starts from it. Plain TRL `SFTTrainer`.
-* Per seed s ∈ {0, 1, 2}: 120 steps of SFT on 960 addition rows drawn with seed 1000+s, data order seed s, lr 1e-3
+* Per seed s ∈ {0, …, 4}: 120 steps of SFT on 960 addition rows drawn with seed 1000+s, data order seed s, lr 1e-3
   with a linear decay to 0, batch 8, weight decay 0, no global clip (`max_grad_norm=0`, as the Stable-SPAM authors
   train); eval loss on 64 held-out rows (seed 2000). The spike: the loss, hence the gradient, ×1000 at optimizer step
   60 (`FaultInjectionCallback(kind="loss_scale")`).
@@ -281,7 +281,7 @@ EXPERIMENT = declare(
     title="Stable-SPAM vs AdaGC vs the stability guard under a gradient spike",
     claim=CLAIM,
     config=SETTINGS,
-    default_seeds=(0, 1, 2),
+    default_seeds=(0, 1, 2, 3, 4),  # 3 and 4 added after 0-2, nothing else changed: a seed runs in under a minute
 )
 
 
