@@ -63,7 +63,7 @@ GRPO_ARGS = dict(
 )
 
 
-def grpo_run(
+def grpo_trainer(
     output_dir,
     batch_size=2 * G,
     grad_accum=1,
@@ -75,7 +75,7 @@ def grpo_run(
     peft_config=None,
     **config,
 ):
-    """Train and return `(flattened parameter update, trainer)`."""
+    """The trainer of a tiny-model GRPO run (not trained yet: a resume test trains it from a checkpoint)."""
     if trainer_cls is None:
         from hf_stable import StableGRPOConfig, StableGRPOTrainer
 
@@ -97,4 +97,10 @@ def grpo_run(
         rollout_func=deterministic_rollout if rollout else None,
         peft_config=peft_config,
     )
+    return trainer
+
+
+def grpo_run(output_dir, batch_size=2 * G, grad_accum=1, **kwargs):
+    """Train `grpo_trainer(...)` and return `(flattened parameter update, trainer)`."""
+    trainer = grpo_trainer(output_dir, batch_size, grad_accum, **kwargs)
     return train_and_diff(trainer), trainer

@@ -330,10 +330,7 @@ def test_trainer_uses_the_pama_weights_and_they_change_the_update(tmp_path):
 def test_resume_restores_the_pama_state_exactly(tmp_path):
     """Four steps straight vs two steps, a checkpoint, and two resumed steps: same parameters, same controller state
     (the EMA makes the weights depend on every batch seen before the checkpoint)."""
-    from grpo_helpers import GRPO_ARGS, G, deterministic_rollout, grpo_run, length_reward
-
-    from hf_stable import StableGRPOTrainer
-    from hf_stable.testing import arithmetic_dataset, arithmetic_reward, build_tiny_model
+    from grpo_helpers import G, grpo_run, grpo_trainer
 
     config = {
         "reward_weighting": "pama",
@@ -345,18 +342,7 @@ def test_resume_restores_the_pama_state_exactly(tmp_path):
         "save_steps": 2,
     }
     _, full = grpo_run(tmp_path / "full", batch_size=2 * G, **config)
-    model, tokenizer = build_tiny_model(seed=0)
-    args = StableGRPOConfig(
-        output_dir=str(tmp_path / "full"), per_device_train_batch_size=2 * G, **{**GRPO_ARGS, **config}
-    )
-    resumed = StableGRPOTrainer(
-        model=model,
-        reward_funcs=[arithmetic_reward, length_reward],
-        args=args,
-        train_dataset=arithmetic_dataset(16, seed=0, max_operand=9),
-        processing_class=tokenizer,
-        rollout_func=deterministic_rollout,
-    )
+    resumed = grpo_trainer(tmp_path / "full", batch_size=2 * G, **config)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed.state.global_step == 4
     for a, b in zip(full.model.parameters(), resumed.model.parameters(), strict=True):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from grpo_helpers import G, grpo_run
+from grpo_helpers import G, grpo_run, grpo_trainer
 from sft_helpers import assert_same_update
 from trl import GRPOConfig, GRPOTrainer
 
@@ -109,26 +109,7 @@ def test_resume_restores_ctwa_weights_and_oblr_snr(tmp_path):
     checkpoint = tmp_path / "full" / "checkpoint-2"
     assert (checkpoint / "hf_stable_state.safetensors").is_file()
 
-    from grpo_helpers import GRPO_ARGS, deterministic_rollout, length_reward
-
-    from hf_stable import StableGRPOConfig, StableGRPOTrainer
-    from hf_stable.testing import arithmetic_dataset, arithmetic_reward, build_tiny_model
-
-    model, tokenizer = build_tiny_model(seed=0)
-    args = StableGRPOConfig(
-        output_dir=str(tmp_path / "full"),
-        per_device_train_batch_size=G,
-        gradient_accumulation_steps=2,
-        **{**GRPO_ARGS, **config},
-    )
-    resumed = StableGRPOTrainer(
-        model=model,
-        reward_funcs=[arithmetic_reward, length_reward],
-        args=args,
-        train_dataset=arithmetic_dataset(16, seed=0, max_operand=9),
-        processing_class=tokenizer,
-        rollout_func=deterministic_rollout,
-    )
+    resumed = grpo_trainer(tmp_path / "full", batch_size=G, grad_accum=2, **config)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 4
     for a, b in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
