@@ -52,6 +52,12 @@ Pass criteria (means over the report seeds 3-5, stated in advance):
   shipped rule (hf_stable's default, ``strong_p20=0``): the same test;
   clean data: on T_clean, EM(-p) >= EM(nll) - 0.02 (the shipped rule's choice there does not lose to NLL).
 
+Controls (added after the report seeds ran, nothing else changed: the two that `sft_thresholds.py` pre-registered on
+its own seeds, here on the report seeds 3-5; each a paired difference with its 95% Student-t interval): the testbed's
+two ends differ under the prior-leaning objective, in opposite directions, so a claim about them can be read:
+  control_ms: MS, mean_p(-p) − mean_p(nll), interval above 0;
+  control_mw: MW, mean_p(nll) − mean_p(-p), interval above 0.
+
 Command (six seeds; each seed cached on its own):
   OMP_NUM_THREADS=1 .venv/bin/python experiments/sft_capability_continuum.py
 Smoke test: ``... --quick --out /tmp/e_a1``.
@@ -61,6 +67,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -92,6 +99,7 @@ MARGIN_MS = 0.02
 ORIGINAL_P20_GUARD = {"strong_p20": 0.3}  # the rule's original P20 guard, before the first run recalibrated it
 GAP_MW = 0.2
 CALIBRATION_SEEDS = (0, 1, 2)
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # by df = n − 1
 GUARD_GRID = (0.0, 0.1, 0.3)
 RULE_SETS = (*SETS, CONTROL)
 
@@ -453,6 +461,14 @@ CHECKS = {  # name -> (set, arm a, arm b, threshold): passes when EM(a) - EM(b) 
 }
 
 
+def paired(a: list[float], b: list[float]) -> dict:
+    """Mean of the paired differences a − b with its 95 % Student-t interval over seeds."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    n, m = len(d), statistics.fmean(d)
+    half = T_95[n - 1] * statistics.stdev(d) / math.sqrt(n) if n > 1 else math.inf
+    return {"mean": m, "ci_low": m - half, "ci_high": m + half, "n": n, "per_seed": d}
+
+
 def criteria(per_seed: dict, agg: dict, cfg: Config | None = None) -> dict:
     """The pre-stated criteria on the report seeds' means, with how many report seeds meet each on their own."""
     _, report = split_seeds(per_seed)
@@ -474,6 +490,14 @@ def criteria(per_seed: dict, agg: dict, cfg: Config | None = None) -> dict:
             all(r["ok"] for r in rule.values()),
             {name: r["picked_em"] - r["best_em"] for name, r in rule.items()},
             ", ".join(f"{name} {r['seeds_ok']}/{len(report)}" for name, r in rule.items()),
+        )
+    for key, name, a, b in (("control_ms", "MS", "-p", "nll"), ("control_mw", "MW", "nll", "-p")):
+        d = paired(rep[name][a]["mean_p"]["values"], rep[name][b]["mean_p"]["values"])
+        checks[key] = criterion(
+            f"control: {name}, mean_p({a}) − mean_p({b}), 95 % interval above 0",
+            d["ci_low"] > 0,
+            {k: d[k] for k in ("mean", "ci_low", "ci_high", "n")},
+            f"{sum(x > 0 for x in d['per_seed'])}/{d['n']} seeds",
         )
     em = {a: rep[CONTROL][a]["exact_match"]["values"] for a in ("-p", "nll")}
     checks["clean"] = criterion(

@@ -47,7 +47,7 @@ t-interval; `mean_p` measures the same thing (how much probability the model put
 
 Statistics: seeds 0-4 (model init, problem split, noise, permutation, data order); each effect is a paired difference
 (arm minus its baseline on the same seed, same pretrained model, same data) with a 95 % Student-t interval over the
-seeds (t quantiles in `T_95`).
+seeds (t quantiles in `sft_capability_continuum.T_95`).
 
 Criteria (pre-registered):
   control_ms (CONTROL): MS, mean_p(-p) − mean_p(nll): 95 % interval above 0 (the MS end shows E-A1's effect);
@@ -73,8 +73,6 @@ Smoke test: ``... --quick --out /tmp/sft_thresholds``.
 from __future__ import annotations
 
 import hashlib
-import math
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, fields
@@ -108,8 +106,6 @@ EM = "exact_match"
 MARGIN_MS = 0.02
 TAIL_RATIO = 2.0
 MEAN_MARGIN = 0.10
-# two-sided 95 % Student-t quantiles by degrees of freedom (n seeds - 1)
-T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 # E-A1's source is part of this experiment's code but not of the harness's digest (only testbeds/ are): its hash
 # enters the config, hence the per-seed cache key, so a change to it reruns the seeds
 TESTBED_SHA1 = hashlib.sha1((HERE / "sft_capability_continuum.py").read_bytes()).hexdigest()
@@ -258,12 +254,7 @@ def run_seed(seed: int, sizes: Sizes) -> dict:
 # statistics
 
 
-def paired(a: list[float], b: list[float]) -> dict:
-    """Mean of the paired differences a − b with its 95 % Student-t interval over seeds."""
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    n, m = len(d), statistics.fmean(d)
-    half = T_95[n - 1] * statistics.stdev(d) / math.sqrt(n) if n > 1 else math.inf
-    return {"mean": m, "ci_low": m - half, "ci_high": m + half, "n": n, "per_seed": d}
+paired = e_a1.paired  # mean of the paired differences a − b with its 95 % Student-t interval over seeds
 
 
 def values(per_seed: dict, name: str, arm: str, key: str = "mean_p") -> list[float]:
