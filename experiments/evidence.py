@@ -139,7 +139,7 @@ ROWS = (
     R("reward_weighting", "ctwa", "CTWA protects the objective that interferes", "grpo_toy_bandits", claim=("ctwa",),
       also=("grpo_multi_objective",)),
     R("reward_weighting", "gradient", "gradient-based weights serve the under-served objective", "grpo_toy_bandits",
-      claim=("gradient",), also=("grpo_multi_objective",)),
+      claim=("gradient",), controls=("gradient_control",), also=("grpo_multi_objective",)),
     R("reward_weighting", "hypervolume", "hypervolume weights end undominated by a static sum", "grpo_multi_objective",
       claim=("a",), controls=("control_conflict",), why="criterion (a) passes on margins inside the seed noise: "
       "correctness −0.017, even ending +0.008 against the static sum"),
@@ -157,12 +157,12 @@ ROWS = (
     # SFT
     R("sft_objective", "nll", "TRL's NLL", reference=True),
     R("sft_objective", "prob_power", "-p is as good as NLL on a strong model and far worse on a weak one",
-      "sft_capability_continuum", claim=("ms_p", "ms_p10", "mw")),
+      "sft_capability_continuum", claim=("ms_p", "ms_p10", "mw"), controls=("control_ms", "control_mw")),
     R("sft_objective", "threshold", "thresholded objectives lie between NLL and -p", "sft_thresholds",
       claim=("top_p", "top_p_mw"), controls=("control_ms", "control_mw"),
       why="read on its default kind, top_p"),
     R("sft_objective", "auto", "the `auto` rule picks the better objective by the model's prior",
-      "sft_capability_continuum", claim=("calibrated_rule", "shipped_rule")),
+      "sft_capability_continuum", claim=("calibrated_rule", "shipped_rule"), controls=("control_ms", "control_mw")),
     *(
         R("sft_threshold", name, "the thresholded objective does as well as NLL on a strong model and better than -p "
           "on a weak one", "sft_thresholds", claim=(name, f"{name}_mw"), controls=("control_ms", "control_mw"))
