@@ -63,6 +63,9 @@ Pass criteria (pre-registered, fixed before running seeds 0-2; printed PASS/FAIL
       0.03-0.25); seed means; seeds holding = seeds where loss(LoMAP) ≤ loss(LoRA) + TOL;
   (b) α/‖W0‖ departs from 1: for each r, the seed mean of max over the 14 matrices of |a| at the end of training
       (selected LoMAP runs) > 0.01.
+Control (added after seeds 0-2 ran, nothing else changed), must pass for (a) to be read: (c) the testbed resolves an
+adapter's capacity: LoRA's test loss at the smallest rank minus at the largest, paired over seeds, has its 95%
+Student-t interval above 0 (an adapter that loses capacity would show here).
 
 Command (about 7 CPU-minutes on one core with a cold cache: 5.3 min measured with pretraining cached, plus about
 30 s per seed of pretraining; 7-8 min wall on a shared 2-core machine):
@@ -305,6 +308,9 @@ def aggregate(per_seed: dict, sizes: Sizes) -> dict:
     return out
 
 
+T975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}  # Student t, two-sided 95%, by seed count (df = n − 1)
+
+
 def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
     seeds, arms, n = list(per_seed), agg["arms"], len(per_seed)
 
@@ -345,6 +351,17 @@ def criteria(per_seed: dict, agg: dict, sizes: Sizes) -> dict:
             "passed": all(v > A_THRESHOLD for v in b_values.values()),
             "seeds_holding": b_seeds,
         },
+    }
+    low, high = min(sizes.ranks), max(sizes.ranks)
+    d = [loss(s, "lora", low) - loss(s, "lora", high) for s in seeds]
+    half = T975[n] * statistics.stdev(d) / math.sqrt(n) if n > 1 else math.inf
+    mean = statistics.fmean(d)
+    checks["c"] = {
+        "criterion": f"control (must pass for a): LoRA's test loss at r = {low} minus at r = {high}, paired over "
+        "seeds, 95% interval above 0 (the testbed resolves an adapter's capacity)",
+        "values": {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": n},
+        "passed": mean - half > 0,
+        "seeds_holding": {f"r{low}-r{high}": f"{sum(x > 0 for x in d)}/{n}"},
     }
     for check in checks.values():
         check["per_seed"] = ", ".join(f"{r}: {h}" for r, h in check["seeds_holding"].items())
