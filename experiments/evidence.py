@@ -235,7 +235,8 @@ ROWS = (
     *(R("unlearning_retain_loss", n, "a retain term other methods combine", reference=True) for n in ("nll", "kl")),
     R("unlearning_retain_loss", "none", "no retain term", reference=True),
     # adapters and the stability callbacks (not registry methods; their flags are listed by their pages)
-    R("adapter", "map", "LoMAP at least matches LoRA at equal rank", "adapters_map_rank", claim=("a", "b")),
+    R("adapter", "map", "LoMAP at least matches LoRA at equal rank", "adapters_map_rank", claim=("a", "b"),
+      controls=("c",)),
     R("adapter", "rslora", "with α/√r the loss keeps improving with rank", "adapters_rslora_rank",
       claim=("a", "c"), controls=("b",)),
     R("adapter", "sine", "bounded sine adapters keep unlearning stable where LoRA blows up",
