@@ -102,7 +102,9 @@ margin over 1/3 is below 1e-3, and the direction of the dynamic weight in panel 
 
 Control added after seeds 0-4 ran (nothing else changed; the panel-5 run is deterministic, so its numbers are the
 same): (gradient_control) the phenomenon panel 5's claim is about is present: under fixed weights the under-served
-objective k* ends below 0.1 while the other ends above 0.9 (a scalarised run starves one objective).
+objective k* ends below 0.1 while the other ends above 0.9 (a scalarised run starves one objective); and
+(dvao_control) panel 3 leaves DVAO room to be better: reward combination's final correctness and compliance are
+both ≤ 0.98 (at the ceiling no estimator can be strictly higher, so (3) could not be read).
 
 Command (about 20 s on one core):
     OMP_NUM_THREADS=1 .venv/bin/python experiments/grpo_toy_bandits.py
@@ -683,6 +685,10 @@ def check_dvao(m: dict, seeds: list[dict]) -> bool:
     )
 
 
+def check_dvao_control(m: dict, seeds: list[dict]) -> bool:
+    return m["rc_correct"] <= 0.98 and m["rc_compliant"] <= 0.98
+
+
 def check_dvao_conflict(m: dict, seeds: list[dict]) -> bool:
     return m["dvao_product"] > m["rc_product"]
 
@@ -968,6 +974,14 @@ PANELS = [
         run_dvao,
         "DVAO correctness and compliance ≥ RC's − 0.02, at least one strictly higher",
         check_dvao,
+        summary_dvao,
+    ),
+    Panel(
+        "dvao_control",
+        "control: room above reward combination",
+        run_dvao,
+        "control (must pass for dvao): reward combination's final correctness and compliance both ≤ 0.98",
+        check_dvao_control,
         summary_dvao,
     ),
     Panel(
